@@ -1,0 +1,19 @@
+"""The NAM56R patch lane: pinned upstreams, materialized git trees, quilt-style patch series.
+
+Modules, one job each:
+  lock        third_party/upstreams.toml as dataclasses
+  artifacts   fetch (through pip) and checksum-verify pinned release artifacts; the offline cache
+  gittree     GitPython wrapper around one materialized upstream tree and its state file
+  patchfile   the patch file format: header block, description, diff; header validation
+  series      patches/<upstream>/series and its patch files
+  materialize submodule or artifact -> git tree with an `upstream` base tag
+  apply       apply/push/pop/export/refresh/new/import on a tree
+  environment target Python environment, profiles, installs
+  build       the whole `build` flow with progress and a final table
+  check       the CI gate
+  rebase      re-apply a series on another upstream version and report per patch
+  manifest    the append-only validation manifest and host stamps
+  cli         argparse front end (tools/apply_patches.py)
+
+Nothing here imports torch, nam56r or the kernels package.
+"""

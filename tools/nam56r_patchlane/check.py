@@ -1,0 +1,77 @@
+"""`check`, the CI gate: every series applies with zero fuzz and no offset to a fresh base, every
+header is complete and valid, numbering and `series` agree, no patch is empty, and exporting the
+applied series reproduces every committed patch file byte for byte."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from .apply import describe_apply_failure, export_commit, git_apply
+from .errors import PatchlaneError
+from .gittree import BASE_TAG, UpstreamTree, is_git_tree
+from .lock import Lock, Upstream
+from .materialize import materialize_upstream
+from .patchfile import read_patch, validate_header
+from .series import read_series, series_problems
+
+
+def _fresh_base(root: Path, upstream: Upstream, cache_dir: Path, offline: bool, python: str, scratch: Path, log) -> UpstreamTree:
+    """A throwaway tree at the base: a shared clone of the materialized tree, or a new materialization."""
+    source = root / upstream.path
+    dest = scratch / upstream.name
+    if is_git_tree(source) and UpstreamTree(source).base_commit():
+        tree = UpstreamTree(source)
+        tree.git("clone", "--quiet", "--shared", "--no-checkout", str(source), str(dest))
+        fresh = UpstreamTree(dest)
+        fresh.git("checkout", "--quiet", "-b", "check", tree.base_commit())
+        return fresh
+    log(f"  {upstream.name}: not materialized; materializing its base in a scratch directory")
+    return materialize_upstream(root, upstream, cache_dir, offline, python, log, dest=dest).tree
+
+
+def check_upstream(root: Path, upstream: Upstream, cache_dir: Path, offline: bool, python: str, log=print) -> list[str]:
+    series = read_series(root / "patches", upstream.name)
+    problems = series_problems(series)
+    entries = [e for e in series.entries if e.path.is_file()]
+    for entry in entries:
+        try:
+            patch = read_patch(entry.path)
+        except PatchlaneError as exc:
+            problems.append(str(exc))
+            continue
+        problems += validate_header(patch, str(entry.path), root)
+    if upstream.install == "wheel" and series.entries:
+        problems.append(f"{upstream.name}: install = \"wheel\" in the lock, but the series has patches (needs \"editable\")")
+    if problems or not entries:
+        return problems
+    with tempfile.TemporaryDirectory(prefix="patchlane-check-") as tmp:
+        tree = _fresh_base(root, upstream, cache_dir, offline, python, Path(tmp), log)
+        parent = tree.head()
+        for entry in entries:
+            patch = read_patch(entry.path)
+            ok, output = git_apply(tree, patch)
+            if not ok:
+                problems += [f"{entry.path}: does not apply to the base: {d}" for d in describe_apply_failure(patch, output)]
+                break
+            if "offset" in output:
+                problems.append(f"{entry.path}: applies only with offsets ({output.count('offset')} hunk(s)); refresh it")
+            commit = tree.commit(patch.commit_message())
+            if export_commit(tree, commit, parent) != entry.path.read_text():
+                problems.append(f"{entry.path}: not in canonical form (export would rewrite it); run `apply_patches.py export -u {upstream.name}`")
+            parent = commit
+        log(f"  {upstream.name}: {len(entries)} patch(es) checked against a fresh `{BASE_TAG}` base")
+    return problems
+
+
+def run_check(lock: Lock, root: Path, cache_dir: Path, offline: bool, python: str, only: list[str] | None, log=print) -> int:
+    all_problems = []
+    for upstream in lock.select(only):
+        problems = check_upstream(root, upstream, cache_dir, offline, python, log)
+        status = "ok" if not problems else f"{len(problems)} problem(s)"
+        log(f"{upstream.name}: {status}")
+        all_problems += problems
+    for problem in all_problems:
+        log(f"  ERROR {problem}")
+    log("check: passed" if not all_problems else f"check: FAILED with {len(all_problems)} problem(s)")
+    return 0 if not all_problems else 1

@@ -1,0 +1,304 @@
+"""Command line of the patch lane: `python tools/apply_patches.py <command> --help`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import apply as ops
+from .artifacts import default_cache_dir, download_wheels, fetch_artifact
+from .build import BuildOptions, format_table, run_build
+from .check import run_check
+from .errors import PatchlaneError
+from .gittree import UpstreamTree, is_git_tree
+from .lock import Lock, load_lock
+from .manifest import Record, append_record, file_sha256, host_stamp, now_utc, read_records
+from .patchfile import CATEGORIES
+from .rebase import run_rebase
+from .series import read_series
+
+DEFAULT_ROOT = Path(__file__).resolve().parents[2]
+EPILOG = """\
+Typical flow:
+  build                      materialize + patch + install every upstream (no-op when nothing changed)
+  status                     pin, source, applied N/M, dirty/clean per upstream
+  (edit files in third_party/<name>)
+  new SLUG -u NAME --subject ... --category ... --retire-when ... --why ...
+  refresh -u NAME            fold further edits into the top patch, header kept
+  check                      the CI gate
+  rebase -u NAME --to 0.20.0 report how the series fares on another upstream version
+"""
+
+
+def _tree(root: Path, lock: Lock, name: str):
+    upstream = lock.get(name)
+    path = root / upstream.path
+    if not is_git_tree(path):
+        raise PatchlaneError(f"{path} is not materialized", "run `python tools/apply_patches.py build` first")
+    tree = UpstreamTree(path)
+    state = tree.read_state()
+    if state is None:
+        raise PatchlaneError(f"{path} has no patch-lane state", "run `python tools/apply_patches.py build` first")
+    return upstream, tree, state, read_series(root / "patches", name)
+
+
+def cmd_build(args, lock: Lock) -> int:
+    env_dir = None if args.python else (args.env or args.root / ".venv")
+    options = BuildOptions(
+        root=args.root, cache_dir=args.cache, offline=args.offline, env_dir=env_dir, python=args.python,
+        profile=args.profile, discard=args.discard, only=args.only or None, install=not args.no_install,
+    )
+    return run_build(lock, options)
+
+
+def cmd_status(args, lock: Lock) -> int:
+    rows = []
+    for upstream in lock.select(args.only):
+        series = read_series(args.root / "patches", upstream.name)
+        path = args.root / upstream.path
+        if not is_git_tree(path) or UpstreamTree(path).read_state() is None:
+            rows.append([upstream.name, upstream.version, upstream.commit[:10], "-", f"0/{len(series.entries)}", "not materialized"])
+            continue
+        tree = UpstreamTree(path)
+        state = tree.read_state()
+        dirty, foreign = ops.unsaved_work(tree, state)
+        stale = ops.applied_prefix(state, series) < len(state.applied)
+        condition = "dirty" if dirty else "clean"
+        if foreign:
+            condition += f", {len(foreign)} unexported commit(s)"
+        if stale:
+            condition += ", series changed (build re-applies)"
+        rows.append([upstream.name, upstream.version, upstream.commit[:10], state.source, f"{len(state.applied)}/{len(series.entries)}", condition])
+    print(format_table(["upstream", "pin", "commit", "source", "applied", "tree"], rows))
+    return 0
+
+
+def cmd_series(args, lock: Lock) -> int:
+    for upstream in lock.select(args.only):
+        series = read_series(args.root / "patches", upstream.name)
+        path = args.root / upstream.path
+        state = UpstreamTree(path).read_state() if is_git_tree(path) else None
+        applied = {a.name: a.sha256 for a in state.applied} if state else {}
+        print(f"{upstream.name} ({len(series.entries)} patch(es)):")
+        for entry in series.entries:
+            if entry.name not in applied:
+                mark = "-"
+            else:
+                mark = "+" if entry.path.is_file() and applied[entry.name] == entry.sha256() else "!"
+            print(f"  {mark} {entry.name}")
+    print("(+ applied, - not applied, ! applied but the file changed since)")
+    return 0
+
+
+def cmd_push(args, lock: Lock) -> int:
+    upstream, tree, state, series = _tree(args.root, lock, args.upstream)
+    ops.ensure_no_unsaved_work(tree, state, discard=False)
+    if args.all:
+        upto = len(series.entries)
+    elif args.name:
+        upto = series.index_of(args.name) + 1
+    else:
+        upto = len(state.applied) + 1
+    if upto > len(series.entries) or upto <= len(state.applied):
+        print(f"{upstream.name}: nothing to push ({len(state.applied)}/{len(series.entries)} applied)")
+        return 0
+    if ops.applied_prefix(state, series) < len(state.applied):
+        raise PatchlaneError(f"{upstream.name}: applied patches differ from their files", "run `build` to re-apply the series")
+    ops.push_patches(tree, state, series, upto)
+    print(f"{upstream.name}: {len(state.applied)}/{len(series.entries)} applied")
+    return 0
+
+
+def cmd_pop(args, lock: Lock) -> int:
+    upstream, tree, state, series = _tree(args.root, lock, args.upstream)
+    if args.all:
+        keep = 0
+    elif args.name:
+        keep = series.index_of(args.name) + 1
+    else:
+        keep = max(len(state.applied) - 1, 0)
+    if keep >= len(state.applied):
+        print(f"{upstream.name}: nothing to pop ({len(state.applied)}/{len(series.entries)} applied)")
+        return 0
+    ops.pop_patches(tree, state, keep, args.discard)
+    print(f"{upstream.name}: {len(state.applied)}/{len(series.entries)} applied")
+    return 0
+
+
+def cmd_new(args, lock: Lock) -> int:
+    _, tree, state, series = _tree(args.root, lock, args.upstream)
+    fields = [
+        ("Subject", args.subject), ("Pack", args.pack), ("Category", args.category),
+        ("Upstream-Status", args.upstream_status), ("Retire-When", args.retire_when), ("Reproducer", args.reproducer),
+    ]
+    ops.record_new_patch(tree, state, series, args.name, fields, args.why)
+    return 0
+
+
+def cmd_refresh(args, lock: Lock) -> int:
+    _, tree, state, series = _tree(args.root, lock, args.upstream)
+    ops.refresh_top(tree, state, series)
+    return 0
+
+
+def cmd_import(args, lock: Lock) -> int:
+    _, tree, state, series = _tree(args.root, lock, args.upstream)
+    ops.import_patch(tree, state, series, Path(args.file))
+    return 0
+
+
+def cmd_export(args, lock: Lock) -> int:
+    names = [args.upstream] if args.upstream else [u.name for u in lock.upstreams if is_git_tree(args.root / u.path)]
+    for name in names:
+        _, tree, state, series = _tree(args.root, lock, name)
+        if tree.dirty_paths():
+            raise PatchlaneError(f"{name}: uncommitted edits in {tree.path}", "commit them (with a patch header as message), or use `refresh`/`new`")
+        written = ops.export_series(tree, state, series)
+        print(f"{name}: {len(written)} patch file(s) written")
+    return 0
+
+
+def cmd_check(args, lock: Lock) -> int:
+    return run_check(lock, args.root, args.cache, args.offline, args.python or sys.executable, args.only)
+
+
+def cmd_rebase(args, lock: Lock) -> int:
+    return run_rebase(args.root, lock.get(args.upstream), args.to, Path(args.report) if args.report else None, args.python or sys.executable)
+
+
+def cmd_cache_fill(args, lock: Lock) -> int:
+    python = args.python or sys.executable
+    for upstream in lock.select(args.only):
+        fetched = fetch_artifact(upstream, args.dir, offline=False, python=python)
+        print(f"{upstream.name}: {fetched.path} ({fetched.source}, sha256 verified)")
+    if args.wheels:
+        wheels_dir = args.dir / "wheels"
+        wheels_dir.mkdir(parents=True, exist_ok=True)
+        download_wheels(python, args.wheels, wheels_dir, args.python_version, args.platform or [])
+        print(f"wheels for {args.python_version or 'this python'}: {wheels_dir}")
+    return 0
+
+
+def cmd_manifest_add(args, lock: Lock) -> int:
+    upstream = lock.get(args.upstream)
+    stamp = host_stamp(args.python or sys.executable)
+    patch = args.root / args.what
+    record = Record(
+        what=args.what, upstream=upstream.name, upstream_commit=upstream.commit,
+        patch_sha256=file_sha256(patch) if patch.is_file() else "", host=stamp, command=args.command_line,
+        exit_code=args.exit_code, sentinels=tuple(args.sentinel or ()), date=now_utc(), figures=args.figures or "",
+    )
+    path = append_record(args.root, record)
+    print(f"appended to {path}: {record.what} exit {record.exit_code} {stamp.line()}")
+    return 0
+
+
+def cmd_manifest_list(args, lock: Lock) -> int:
+    rows = [[r["date"], r["what"], r["host"]["gpu"], str(r["exit_code"]), " ".join(r["sentinels"])] for r in read_records(args.root)]
+    print(format_table(["date", "what", "gpu", "exit", "sentinels"], rows) if rows else "(no records)")
+    return 0
+
+
+def _add_common(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """Options accepted before or after the command; after it they override."""
+    def default(value):
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--root", type=Path, default=default(DEFAULT_ROOT), help="repository root (default: this checkout)")
+    parser.add_argument("--cache", type=Path, default=default(default_cache_dir()), help=f"artifact cache directory (default: {default_cache_dir()})")
+    parser.add_argument("--offline", action="store_true", default=default(False), help="never reach the package index; use only --cache")
+    parser.add_argument("--python", default=default(None), help="target interpreter, used as is (build default: --env)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="apply_patches.py",
+        description="NAM56R patch lane: pinned upstreams as git trees under third_party/, quilt-style patch series under patches/.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_common(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common(common, defaults=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
+        p.set_defaults(func=func)
+        return p
+
+    p = add("build", cmd_build, "materialize, patch and install every upstream into the target environment")
+    p.add_argument("--env", type=Path, help="virtual environment to create/update (default: <root>/.venv)")
+    p.add_argument("--profile", choices=["auto", "cpu", "gpu"], default="auto", help="cpu skips GPU-only builds, loudly (default: auto)")
+    p.add_argument("--discard", action="store_true", help="set aside (under refs/patchlane/discarded/) edits and commits not in the series")
+    p.add_argument("--no-install", action="store_true", help="materialize and patch only")
+    p.add_argument("only", nargs="*", help="upstream names (default: all)")
+
+    p = add("status", cmd_status, "per upstream: pin, source, applied N of M, dirty or clean")
+    p.add_argument("only", nargs="*")
+    p = add("series", cmd_series, "list each series with what is applied")
+    p.add_argument("only", nargs="*")
+
+    for name, func, text in (("push", cmd_push, "apply the next patch, up to NAME, or --all"), ("pop", cmd_pop, "unapply the top patch, down to NAME, or --all")):
+        p = add(name, func, text)
+        p.add_argument("name", nargs="?", help="patch file name or slug")
+        p.add_argument("--all", action="store_true")
+        p.add_argument("-u", "--upstream", required=True)
+        if name == "pop":
+            p.add_argument("--discard", action="store_true", help="set aside edits and commits not in the series first")
+
+    p = add("new", cmd_new, "record the tree's uncommitted edits as a new patch on top of the series")
+    p.add_argument("name", help="slug, e.g. dsa-index-score-memory")
+    p.add_argument("-u", "--upstream", required=True)
+    p.add_argument("--subject", required=True)
+    p.add_argument("--category", required=True, choices=CATEGORIES)
+    p.add_argument("--retire-when", required=True, help="when this patch can be deleted")
+    p.add_argument("--why", required=True, help="why the patch exists (the description)")
+    p.add_argument("--pack", default="none")
+    p.add_argument("--upstream-status", default="not-filed")
+    p.add_argument("--reproducer", default="none")
+
+    p = add("refresh", cmd_refresh, "fold uncommitted edits into the top applied patch and rewrite its file (header kept)")
+    p.add_argument("-u", "--upstream", required=True)
+    p = add("import", cmd_import, "apply a patch file on top, add it to the series in canonical form")
+    p.add_argument("file")
+    p.add_argument("-u", "--upstream", required=True)
+    p = add("export", cmd_export, "write every patch file from the tree's commits (byte-identical after apply)")
+    p.add_argument("-u", "--upstream")
+    p = add("check", cmd_check, "CI gate: series apply cleanly to a fresh base, headers valid, numbering agrees, canonical form")
+    p.add_argument("only", nargs="*")
+    p = add("rebase", cmd_rebase, "re-apply a series onto another upstream version and report per patch")
+    p.add_argument("-u", "--upstream", required=True)
+    p.add_argument("--to", required=True, help="a git ref in the tree, or a PyPI version of the upstream")
+    p.add_argument("--report", help="markdown report path (default: third_party/.rebase/<name>-<ref>.md)")
+
+    p = add("cache", cmd_cache_fill, "fill an offline cache: pinned artifacts (and optionally wheels) for --offline builds")
+    p.add_argument("action", choices=["fill"])
+    p.add_argument("dir", type=Path)
+    p.add_argument("--wheels", nargs="*", help="extra requirements to download as wheels into DIR/wheels")
+    p.add_argument("--python-version", help="target interpreter version for --wheels, e.g. 3.12")
+    p.add_argument("--platform", action="append", help="wheel platform tag for --wheels (repeatable)")
+    p.add_argument("only", nargs="*", default=None)
+
+    p = add("manifest", cmd_manifest_list, "list validation records; `manifest add` appends one")
+    msub = p.add_subparsers(dest="manifest_command")
+    m = msub.add_parser("add", help="append a validation record")
+    m.set_defaults(func=cmd_manifest_add)
+    m.add_argument("--what", required=True, help="patch file path (relative to root) or pack id")
+    m.add_argument("-u", "--upstream", required=True)
+    m.add_argument("--command", dest="command_line", required=True)
+    m.add_argument("--exit-code", type=int, required=True)
+    m.add_argument("--sentinel", action="append")
+    m.add_argument("--figures")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        lock = load_lock(args.root)
+        return args.func(args, lock)
+    except PatchlaneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code

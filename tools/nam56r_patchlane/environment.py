@@ -1,0 +1,173 @@
+"""The target Python environment: which interpreter, which profile (cpu/gpu), what is installed.
+
+Profiles are explicit and printed. On a machine without an NVIDIA GPU the cpu profile skips
+GPU-only pieces (CUDA extension builds) with a line saying so; nothing degrades silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import PatchlaneError
+from .lock import Lock, Upstream
+
+# Runs inside the target interpreter; must not import torch (the no-op build stays fast).
+_PROBE = r"""
+import json, sys, importlib.metadata as md
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+reqs = json.loads(sys.argv[1])
+dists = {}
+for d in md.distributions():
+    name = (d.metadata["Name"] or "").lower().replace("_", "-")
+    url = d.read_text("direct_url.json")
+    editable = None
+    if url:
+        info = json.loads(url)
+        if info.get("dir_info", {}).get("editable"):
+            editable = info["url"].removeprefix("file://")
+    if name in dists and dists[name]["editable"] and not editable:
+        continue  # an in-tree .egg-info found through an editable install's path entry
+    dists[name] = {"version": d.version, "editable": editable}
+missing = []
+for r in reqs:
+    req = Requirement(r)
+    have = dists.get(req.name.lower().replace("_", "-"))
+    if have is None or (req.specifier and not req.specifier.contains(have["version"], prereleases=True)):
+        missing.append(r)
+print(json.dumps({"python": "%d.%d.%d" % sys.version_info[:3], "dists": dists, "missing": missing}))
+"""
+
+
+@dataclass(frozen=True)
+class Target:
+    python: str
+    description: str
+
+
+@dataclass(frozen=True)
+class Probe:
+    python_version: str
+    dists: dict[str, dict]
+    missing: list[str]
+
+    def version_of(self, dist: str) -> str | None:
+        info = self.dists.get(dist.lower().replace("_", "-"))
+        return info["version"] if info else None
+
+    def editable_location(self, dist: str) -> str | None:
+        info = self.dists.get(dist.lower().replace("_", "-"))
+        return info["editable"] if info else None
+
+
+def resolve_target(env_dir: Path | None, python: str | None, log=print) -> Target:
+    """`--python EXE` uses that interpreter's environment; `--env DIR` makes a venv there if needed."""
+    if python:
+        exe = shutil.which(python) or python
+        if not Path(exe).exists():
+            raise PatchlaneError(f"--python {python}: no such interpreter")
+        return Target(python=exe, description=f"interpreter {exe}")
+    assert env_dir is not None
+    exe = env_dir / "bin" / "python"
+    if not exe.exists():
+        log(f"  creating virtual environment {env_dir} (python {sys.version.split()[0]})")
+        venv.EnvBuilder(with_pip=True, clear=False, symlinks=True).create(env_dir)
+    return Target(python=str(exe), description=f"venv {env_dir}")
+
+
+def probe(target: Target, requirements: list[str]) -> Probe:
+    proc = subprocess.run([target.python, "-c", _PROBE, json.dumps(requirements)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PatchlaneError(f"could not inspect {target.description}:\n{proc.stderr.strip()}")
+    raw = json.loads(proc.stdout)
+    return Probe(python_version=raw["python"], dists=raw["dists"], missing=raw["missing"])
+
+
+def detect_profile(requested: str) -> tuple[str, str]:
+    """(profile, why). `auto` means gpu when nvidia-smi lists a GPU, else cpu."""
+    if requested in ("cpu", "gpu"):
+        return requested, "chosen with --profile"
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "cpu", "no NVIDIA GPU found (nvidia-smi is not on PATH)"
+    proc = subprocess.run([smi, "-L"], capture_output=True, text=True)
+    if proc.returncode != 0 or "GPU" not in proc.stdout:
+        return "cpu", "nvidia-smi lists no GPU"
+    return "gpu", proc.stdout.strip().splitlines()[0]
+
+
+def profile_notes(profile: str, lock: Lock) -> list[str]:
+    """What the profile skips or builds, said out loud."""
+    notes = []
+    for upstream in lock.upstreams:
+        for key, value in upstream.env_for(profile).items():
+            notes.append(f"{upstream.name}: {key}={value}")
+    if profile == "cpu":
+        notes.append("skipped (GPU-only): CUDA extension builds, TransformerEngine")
+    else:
+        notes.append("TransformerEngine is not installed by this build: install transformer_engine[pytorch] yourself"
+                     " for the TE backend (without it NAM56R uses Megatron's local backend, and says so)")
+    return notes
+
+
+def environment_requirements(lock: Lock, profile: str, torch_present: bool) -> list[str]:
+    env = lock.environment
+    reqs = list(env.build) + list(env.runtime) + list(env.per_profile.get(profile, ()))
+    if not torch_present:
+        reqs.insert(0, env.torch)
+    for upstream in lock.upstreams:
+        reqs += [r for r in upstream.runtime if r not in reqs]
+    return reqs
+
+
+def pip_install(target: Target, args: list[str], env: dict[str, str] | None = None, what: str = "") -> None:
+    cmd = [target.python, "-m", "pip", "install", "--disable-pip-version-check", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise PatchlaneError(f"pip install {what or ' '.join(args)} failed in {target.description}:\n{tail}")
+
+
+def install_upstream(target: Target, upstream: Upstream, tree_path: Path, artifact: Path | None, profile: str) -> None:
+    """Editable install of the patched tree, or the pinned wheel for install = "wheel"."""
+    if upstream.install == "wheel":
+        assert artifact is not None
+        pip_install(target, ["--no-deps", "--force-reinstall", str(artifact)], what=upstream.requirement)
+        return
+    # setuptools-scm would read a version off our tree's git history; the release's own is the truth.
+    env = {**upstream.env_for(profile), "SETUPTOOLS_SCM_PRETEND_VERSION": upstream.version}
+    args = ["--no-deps", "--no-build-isolation"]
+    if upstream.ignore_requires_python:
+        args.append("--ignore-requires-python")
+    pip_install(target, [*args, "-e", str(tree_path)], env=env, what=f"-e {tree_path}")
+
+
+def is_installed(probe_result: Probe, upstream: Upstream, tree_path: Path) -> bool:
+    installed = probe_result.version_of(upstream.pypi) or ""
+    # megatron-core appends the tree's git commit as a local version label (0.19.0+abc1234).
+    if installed.split("+")[0] != upstream.version:
+        return False
+    location = probe_result.editable_location(upstream.pypi)
+    if upstream.install == "wheel":
+        return location is None
+    return location is not None and Path(location).resolve() == tree_path.resolve()
+
+
+def check_imports(target: Target, modules: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """Import each module in the target; return the failures as 'module: error' lines."""
+    failures = []
+    for module in modules:
+        proc = subprocess.run([target.python, "-c", f"import {module}"], capture_output=True, text=True, env={**os.environ, **(env or {})})
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            failures.append(f"{module}: {last}")
+    return failures

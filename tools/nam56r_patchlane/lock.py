@@ -1,0 +1,160 @@
+"""third_party/upstreams.toml: what each upstream is pinned to, as typed dataclasses."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import PatchlaneError
+
+LOCK_RELATIVE_PATH = Path("third_party/upstreams.toml")
+INSTALL_MODES = ("editable", "wheel")
+PROFILES = ("cpu", "gpu")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One release file on the package index, identified by name and sha256."""
+
+    filename: str
+    sha256: str
+
+    @property
+    def is_wheel(self) -> bool:
+        return self.filename.endswith(".whl")
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One pinned upstream: its git pin, its PyPI pin, and how it is installed."""
+
+    name: str
+    git_url: str
+    tag: str
+    commit: str
+    pypi: str
+    version: str
+    install: str
+    artifacts: tuple[Artifact, ...]
+    imports: tuple[str, ...] = ()
+    runtime: tuple[str, ...] = ()
+    env: dict[str, dict[str, str]] = field(default_factory=dict)
+    ignore_requires_python: bool = False
+
+    @property
+    def path(self) -> Path:
+        """Tree location relative to the repository root."""
+        return Path("third_party") / self.name
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.pypi}=={self.version}"
+
+    def artifact(self) -> Artifact:
+        """The artifact materialization uses: the sdist for editable installs, else the wheel."""
+        wanted_wheel = self.install == "wheel"
+        for artifact in self.artifacts:
+            if artifact.is_wheel == wanted_wheel:
+                return artifact
+        kind = "wheel" if wanted_wheel else "sdist"
+        raise PatchlaneError(
+            f"{self.name}: install = {self.install!r} needs a {kind} artifact in the lock",
+            f"add an [[upstream.artifact]] for {self.requirement} to {LOCK_RELATIVE_PATH}",
+        )
+
+    def env_for(self, profile: str) -> dict[str, str]:
+        return dict(self.env.get(profile, {}))
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the target environment needs besides the upstreams."""
+
+    torch: str
+    torch_min: str
+    build: tuple[str, ...]
+    runtime: tuple[str, ...]
+    per_profile: dict[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    environment: Environment
+    upstreams: tuple[Upstream, ...]
+
+    def get(self, name: str) -> Upstream:
+        for upstream in self.upstreams:
+            if upstream.name == name:
+                return upstream
+        known = ", ".join(u.name for u in self.upstreams)
+        raise PatchlaneError(f"unknown upstream {name!r}", f"known upstreams: {known}")
+
+    def select(self, names: list[str] | None) -> list[Upstream]:
+        return [self.get(n) for n in names] if names else list(self.upstreams)
+
+
+def _require(table: dict, key: str, where: str) -> object:
+    if key not in table:
+        raise PatchlaneError(f"{where}: missing key {key!r}")
+    return table[key]
+
+
+def _parse_upstream(raw: dict, where: str) -> Upstream:
+    name = str(_require(raw, "name", where))
+    where = f"{where} ({name})"
+    commit = str(_require(raw, "commit", where))
+    if not _COMMIT.match(commit):
+        raise PatchlaneError(f"{where}: commit {commit!r} is not a 40-hex git commit")
+    install = str(_require(raw, "install", where))
+    if install not in INSTALL_MODES:
+        raise PatchlaneError(f"{where}: install {install!r} is not one of {INSTALL_MODES}")
+    artifacts = []
+    for entry in raw.get("artifact", []):
+        sha = str(_require(entry, "sha256", where)).lower()
+        if not _SHA256.match(sha):
+            raise PatchlaneError(f"{where}: artifact sha256 {sha!r} is not 64 hex digits")
+        artifacts.append(Artifact(filename=str(_require(entry, "filename", where)), sha256=sha))
+    env = {p: {k: str(v) for k, v in raw.get("env", {}).get(p, {}).items()} for p in PROFILES}
+    return Upstream(
+        name=name,
+        git_url=str(_require(raw, "git_url", where)),
+        tag=str(_require(raw, "tag", where)),
+        commit=commit,
+        pypi=str(_require(raw, "pypi", where)),
+        version=str(_require(raw, "version", where)),
+        install=install,
+        artifacts=tuple(artifacts),
+        imports=tuple(raw.get("imports", ())),
+        runtime=tuple(raw.get("runtime", ())),
+        env=env,
+        ignore_requires_python=bool(raw.get("ignore_requires_python", False)),
+    )
+
+
+def load_lock(root: Path) -> Lock:
+    """Read and validate the lock under repository root `root`."""
+    path = root / LOCK_RELATIVE_PATH
+    if not path.is_file():
+        raise PatchlaneError(f"no lock file at {path}", "run from the repository root, or pass --root")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise PatchlaneError(f"{path}: invalid TOML: {exc}") from exc
+    env_raw = raw.get("environment", {})
+    environment = Environment(
+        torch=str(env_raw.get("torch", "torch")),
+        torch_min=str(env_raw.get("torch_min", "0")),
+        build=tuple(env_raw.get("build", ())),
+        runtime=tuple(env_raw.get("runtime", ())),
+        per_profile={p: tuple(env_raw.get(p, ())) for p in PROFILES},
+    )
+    upstreams = tuple(_parse_upstream(u, f"{path} upstream #{i + 1}") for i, u in enumerate(raw.get("upstream", [])))
+    names = [u.name for u in upstreams]
+    if len(set(names)) != len(names):
+        raise PatchlaneError(f"{path}: duplicate upstream names in {names}")
+    return Lock(path=path, environment=environment, upstreams=upstreams)
