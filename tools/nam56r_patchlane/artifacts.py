@@ -95,11 +95,16 @@ def fetch_artifact(
     return FetchedArtifact(path=cached, source="pypi")
 
 
-def download_wheels(python: str, requirements: list[str], dest: Path, python_version: str | None, platforms: list[str]) -> None:
-    """Download wheels (with dependencies) for another interpreter into `dest`, for offline installs."""
+def download_wheels(
+    python: str, requirements: list[str], dest: Path, python_version: str | None, platforms: list[str], with_deps: bool = True
+) -> None:
+    """Download wheels for another interpreter into `dest`, for offline installs. `with_deps=False`
+    fetches exactly the named ones (for an environment that already has torch and the like)."""
     if not requirements:
         return
     cmd = [python, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary", ":all:", "-d", str(dest)]
+    if not with_deps:
+        cmd.append("--no-deps")
     if python_version:
         cmd += ["--python-version", python_version, "--implementation", "cp"]
         for platform in platforms:

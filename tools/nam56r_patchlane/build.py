@@ -85,7 +85,9 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
     changed = False
     if probe_result.missing and options.install:
         progress.log(f"  installing {len(probe_result.missing)} requirement(s): {' '.join(probe_result.missing)}")
-        envmod.pip_install(target, probe_result.missing, what="environment requirements")
+        # Offline: only the cache's wheels (filled by `cache fill DIR --wheels ...`), never an index.
+        source = ["--no-index", "--find-links", str(options.cache_dir / "wheels")] if options.offline else []
+        envmod.pip_install(target, [*source, *probe_result.missing], what="environment requirements")
         probe_result = envmod.probe(target, requirements)
         changed = True
     if probe_result.missing and options.install:
@@ -119,10 +121,16 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
                 artifact = None
                 if upstream.install == "wheel":
                     artifact = fetch_artifact(upstream, options.cache_dir, options.offline, target.python, progress.log).path
-                progress.log(f"  installing {upstream.requirement} ({'editable, ' + str(tree.path) if upstream.install == 'editable' else 'pinned wheel ' + artifact.name})")
+                how = f"editable, {tree.path}" if upstream.install == "editable" else f"pinned wheel {artifact.name}, its series is empty"
+                progress.log(f"  installing {upstream.requirement} ({how})")
+                if upstream.ignore_requires_python:
+                    progress.log(f"  {upstream.name}: with --ignore-requires-python, as the lock says (python {probe_result.python_version})")
                 envmod.install_upstream(target, upstream, tree.path, artifact, profile)
                 install = upstream.install
                 action.append("installed")
+        if tree.dirty_paths():
+            progress.log(f"  {upstream.name}: uncommitted edits in {tree.path} kept (live in the editable install);"
+                         f" `apply_patches.py refresh|new -u {upstream.name}` makes them a patch")
         changed = changed or bool(action)
         rows.append(_row(upstream, state, series, tree, install, ", ".join(action) or "no-op"))
     progress.next("summary")

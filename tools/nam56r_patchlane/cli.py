@@ -31,6 +31,14 @@ Typical flow:
 """
 
 
+def default_python(args) -> str:
+    """--python, else the build's environment (<root>/.venv) when it exists, else this interpreter."""
+    if args.python:
+        return args.python
+    venv_python = args.root / ".venv" / "bin" / "python"
+    return str(venv_python) if venv_python.exists() else sys.executable
+
+
 def _tree(root: Path, lock: Lock, name: str):
     upstream = lock.get(name)
     path = root / upstream.path
@@ -160,29 +168,29 @@ def cmd_export(args, lock: Lock) -> int:
 
 
 def cmd_check(args, lock: Lock) -> int:
-    return run_check(lock, args.root, args.cache, args.offline, args.python or sys.executable, args.only)
+    return run_check(lock, args.root, args.cache, args.offline, default_python(args), args.only)
 
 
 def cmd_rebase(args, lock: Lock) -> int:
-    return run_rebase(args.root, lock.get(args.upstream), args.to, Path(args.report) if args.report else None, args.python or sys.executable)
+    return run_rebase(args.root, lock.get(args.upstream), args.to, Path(args.report) if args.report else None, default_python(args))
 
 
 def cmd_cache_fill(args, lock: Lock) -> int:
-    python = args.python or sys.executable
+    python = default_python(args)
     for upstream in lock.select(args.only):
         fetched = fetch_artifact(upstream, args.dir, offline=False, python=python)
         print(f"{upstream.name}: {fetched.path} ({fetched.source}, sha256 verified)")
     if args.wheels:
         wheels_dir = args.dir / "wheels"
         wheels_dir.mkdir(parents=True, exist_ok=True)
-        download_wheels(python, args.wheels, wheels_dir, args.python_version, args.platform or [])
+        download_wheels(python, args.wheels, wheels_dir, args.python_version, args.platform or [], with_deps=not args.no_deps)
         print(f"wheels for {args.python_version or 'this python'}: {wheels_dir}")
     return 0
 
 
 def cmd_manifest_add(args, lock: Lock) -> int:
     upstream = lock.get(args.upstream)
-    stamp = host_stamp(args.python or sys.executable)
+    stamp = host_stamp(default_python(args))
     patch = args.root / args.what
     record = Record(
         what=args.what, upstream=upstream.name, upstream_commit=upstream.commit,
@@ -278,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wheels", nargs="*", help="extra requirements to download as wheels into DIR/wheels")
     p.add_argument("--python-version", help="target interpreter version for --wheels, e.g. 3.12")
     p.add_argument("--platform", action="append", help="wheel platform tag for --wheels (repeatable)")
+    p.add_argument("--no-deps", action="store_true", help="with --wheels: only the named wheels, not their dependencies")
     p.add_argument("only", nargs="*", default=None)
 
     p = add("manifest", cmd_manifest_list, "list validation records; `manifest add` appends one")

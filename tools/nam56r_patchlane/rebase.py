@@ -24,6 +24,7 @@ from .series import read_series
 
 CLEAN, OFFSET, FUZZ, CONFLICT, ABSORBED = "applies clean", "applies with offset", "applies with fuzz", "conflicts", "absorbed upstream"
 _FILE_ERR = re.compile(r"error: (?:patch failed: )?([^:\s]+)[:]")
+_MISSING = re.compile(r"error: ([^:\s]+): (?:No such file or directory|does not exist in index)")
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,9 @@ def classify(tree: UpstreamTree, patch_path: Path) -> PatchReport:
         if fuzzed.returncode == 0:
             _apply_and_commit(tree, patch, (f"-C{context}",))
             return PatchReport(name, FUZZ, f"fuzz {3 - context}: context lines moved; refresh and review")
-    files = sorted(set(_FILE_ERR.findall(forward.stderr))) or patch.touched_files()
-    return PatchReport(name, CONFLICT, "files: " + ", ".join(files))
+    missing = set(_MISSING.findall(forward.stderr))
+    files = sorted(set(_FILE_ERR.findall(forward.stderr)) | missing) or patch.touched_files()
+    return PatchReport(name, CONFLICT, "files: " + ", ".join(f"{f} (missing in this version)" if f in missing else f for f in files))
 
 
 def _apply_and_commit(tree: UpstreamTree, patch, extra: tuple[str, ...]) -> None:
@@ -94,7 +96,7 @@ def run_rebase(root: Path, upstream: Upstream, ref: str, report_path: Path | Non
     table = format_table(["patch", "result", "detail"], rows) if rows else "(empty series)"
     log(f"rebase of {upstream.name} series ({len(reports)} patch(es)) onto {base_label}")
     log(table)
-    report_path = report_path or scratch_dir.with_suffix(".md")
+    report_path = report_path or scratch_dir.parent / f"{scratch_dir.name}.md"
     markdown = [f"# Rebase report: {upstream.name} onto {base_label}", "", "| patch | result | detail |", "|---|---|---|"]
     markdown += [f"| {r.name} | {r.result} | {r.detail} |" for r in reports]
     report_path.write_text("\n".join(markdown) + "\n")

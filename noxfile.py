@@ -1,0 +1,71 @@
+"""nox sessions for NAM56R.
+
+  nox -s build              materialize + patch + install the pinned upstreams into .venv
+  nox -s tests              build, then the CPU test suite in that same environment
+  nox -s lint               ruff
+  nox -s patches -- CMD     the patch-lane CLI (tools/apply_patches.py CMD), e.g. `-- status`, `-- check`
+
+`.venv` is the environment the stack runs in (training, tests, reproducers). nox's own session
+environments only carry the patch tool's dependency (GitPython).
+Pass build options after `--`: `nox -s build -- --profile cpu --cache DIR --offline`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+VENV_PYTHON = VENV / "bin" / "python"
+TOOL = str(ROOT / "tools" / "apply_patches.py")
+TOOL_REQUIREMENTS = ["gitpython>=3.1.40"]
+
+nox.options.sessions = ["build"]
+nox.options.reuse_venv = "yes"
+
+
+def _tool(session: nox.Session, *args: str) -> None:
+    session.install(*TOOL_REQUIREMENTS)
+    session.run("python", TOOL, *args)
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Materialize the four pinned upstreams, apply their patch series, install them editable into .venv."""
+    _tool(session, "build", "--env", str(VENV), *session.posargs)
+    if not _project_installed():
+        session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    "--no-deps", "--no-build-isolation", "-e", str(ROOT), external=True)
+
+
+def _project_installed() -> bool:
+    """True when .venv already has this checkout's packages installed editable."""
+    probe = "import importlib.metadata as m, json; print(json.loads(m.distribution('nam56r').read_text('direct_url.json'))['url'])"
+    proc = subprocess.run([str(VENV_PYTHON), "-c", probe], capture_output=True, text=True)
+    return proc.returncode == 0 and proc.stdout.strip() == ROOT.as_uri()
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Build (a no-op when up to date), then run the CPU test suite in .venv."""
+    build(session)
+    session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "pytest>=8", external=True)
+    session.run(str(VENV_PYTHON), "-m", "pytest", *(session.posargs or ["-q"]), external=True)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over our code (third_party/ excluded)."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def patches(session: nox.Session) -> None:
+    """The patch-lane CLI: `nox -s patches -- status|series|check|rebase ...`."""
+    if not session.posargs:
+        session.error("give a command after --, e.g. `nox -s patches -- status` (`-- --help` lists them)")
+    _tool(session, *session.posargs)
