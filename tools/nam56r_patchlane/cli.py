@@ -13,7 +13,7 @@ from .check import run_check
 from .errors import PatchlaneError
 from .gittree import UpstreamTree, is_git_tree
 from .lock import Lock, load_lock
-from .manifest import Record, append_record, file_sha256, host_stamp, now_utc, read_records
+from .manifest import Record, append_record, host_stamp, patch_checksum, now_utc, parse_host_line, read_records
 from .patchfile import CATEGORIES
 from .rebase import run_rebase
 from .series import read_series
@@ -190,11 +190,11 @@ def cmd_cache_fill(args, lock: Lock) -> int:
 
 def cmd_manifest_add(args, lock: Lock) -> int:
     upstream = lock.get(args.upstream)
-    stamp = host_stamp(default_python(args))
+    stamp = parse_host_line(args.host_line) if args.host_line else host_stamp(default_python(args))
     patch = args.root / args.what
     record = Record(
         what=args.what, upstream=upstream.name, upstream_commit=upstream.commit,
-        patch_sha256=file_sha256(patch) if patch.is_file() else "", host=stamp, command=args.command_line,
+        patch_sha256=patch_checksum(patch) if patch.is_file() else "", host=stamp, command=args.command_line,
         exit_code=args.exit_code, sentinels=tuple(args.sentinel or ()), date=now_utc(), figures=args.figures or "",
     )
     path = append_record(args.root, record)
@@ -299,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--exit-code", type=int, required=True)
     m.add_argument("--sentinel", action="append")
     m.add_argument("--figures")
+    m.add_argument("--host-line", help="the reproducer's first output line, when it ran on another host (e.g. the GPU node)")
     return parser
 
 

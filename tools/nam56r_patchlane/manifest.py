@@ -66,6 +66,31 @@ class HostStamp:
                 f" triton={self.triton or '-'} cuda={self.cuda or '-'}")
 
 
+_HOST_KEYS = ("gpu", "driver", "python", "torch", "triton", "cuda")
+
+
+def parse_host_line(line: str) -> HostStamp:
+    """Read a reproducer's first line (`host: gpu=NAME (sm X.Y) driver=... python=... ...`) back into a stamp,
+    so a result measured on another machine is recorded with that machine's stamp, not this one's."""
+    if not line.startswith("host: "):
+        raise PatchlaneError(f"not a host stamp line (must start with 'host: '): {line[:80]!r}")
+    body = line[len("host: "):]
+    values = {}
+    for index, key in enumerate(_HOST_KEYS):
+        start = body.find(f"{key}=")
+        if start < 0:
+            raise PatchlaneError(f"host stamp line has no {key}=: {line[:120]!r}")
+        nxt = [body.find(f" {k}=", start) for k in _HOST_KEYS[index + 1 :]] + [body.find(" upstream=", start)]
+        ends = [e for e in nxt if e >= 0]
+        values[key] = body[start + len(key) + 1 : min(ends) if ends else len(body)].strip()
+    gpu, capability = values["gpu"], ""
+    if gpu.endswith(")") and " (sm " in gpu:
+        gpu, capability = gpu[:-1].split(" (sm ", 1)
+    clean = {k: ("" if v == "-" else v) for k, v in values.items()}
+    return HostStamp(gpu=gpu, capability=capability, driver=clean["driver"], python=clean["python"],
+                     torch=clean["torch"], triton=clean["triton"], cuda=clean["cuda"])
+
+
 def host_stamp(python: str) -> HostStamp:
     proc = subprocess.run([python, "-c", _STAMP], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -78,7 +103,7 @@ class Record:
     what: str  # a patch file (patches/<up>/<name>) or a pack id
     upstream: str
     upstream_commit: str
-    patch_sha256: str
+    patch_sha256: str  # patch_checksum(): sha256 of the diff section
     host: HostStamp
     command: str
     exit_code: int
@@ -130,5 +155,9 @@ def now_utc() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def patch_checksum(path: Path) -> str:
+    """sha256 of a patch's diff section: what was validated. Header edits (a new Upstream-Status
+    after filing, say) leave it unchanged; any change to the code it applies changes it."""
+    from .patchfile import read_patch
+
+    return hashlib.sha256(read_patch(path).diff.encode()).hexdigest()
