@@ -27,10 +27,10 @@ class PinnedRelease:
             ["git", "-C", str(MEGATRON_TREE), "show", f"upstream:{path}"], capture_output=True, text=True, check=True
         ).stdout
 
-    def function(self, module: ModuleType, path: str, name: str) -> Any:
-        """The unpatched definition of `name`, compiled in a copy of the patched module's globals."""
+    def definition(self, module: ModuleType, path: str, name: str) -> Any:
+        """The unpatched function or class `name`, compiled in a copy of the patched module's globals."""
         tree = ast.parse(self.source(path))
-        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+        node = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name)
         namespace = dict(vars(module))
         exec(compile(ast.Module(body=[node], type_ignores=[]), f"upstream:{path}", "exec"), namespace)
         return namespace[name]

@@ -26,7 +26,7 @@ def _inputs(sq: int, sk: int, b: int, h: int, d: int, seed: int):
 @pytest.mark.parametrize("use_relu", [True, False])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_index_scores_match_pinned_release(pinned_release, shape, use_relu: bool) -> None:
-    original = pinned_release.function(dsa, DSA_PATH, "_compute_index_scores")
+    original = pinned_release.definition(dsa, DSA_PATH, "_compute_index_scores")
     q, weights, k = _inputs(*shape, seed=sum(shape))
     expected = original(q, weights, k, use_relu=use_relu)
     actual = dsa._compute_index_scores(q, weights, k, use_relu=use_relu)
@@ -56,7 +56,7 @@ class _FakePG:
 @pytest.mark.parametrize("sparse_loss", [True, False])
 @pytest.mark.parametrize("shape", SHAPES[1:])
 def test_backward_gradients_match_pinned_release(pinned_release, shape, use_relu: bool, sparse_loss: bool) -> None:
-    original = pinned_release.function(dsa, DSA_PATH, "bwd_fused_indexer_loss_naive")
+    original = pinned_release.definition(dsa, DSA_PATH, "bwd_fused_indexer_loss_naive")
     sq, sk, b, h, d = shape
     q, weights, k = _inputs(*shape, seed=7 * sum(shape))
     gen = torch.Generator().manual_seed(11)
