@@ -73,7 +73,7 @@ def test_backward_gradients_match_pinned_release(pinned_release, shape, use_relu
     )
     expected = original(q, weights, k, query, key, **kwargs)
     actual = dsa.bwd_fused_indexer_loss_naive(q, weights, k, query, key, **kwargs)
-    for name, a, e in zip(("grad_q", "grad_weights", "grad_k"), actual, expected):
+    for name, a, e in zip(("grad_q", "grad_weights", "grad_k"), actual, expected, strict=True):
         assert a.shape == e.shape and a.dtype == e.dtype, name
         assert torch.isfinite(a.float()).all(), name
         torch.testing.assert_close(a.float(), e.float(), rtol=2e-2, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")

@@ -95,7 +95,11 @@ def ensure_no_unsaved_work(tree: UpstreamTree, state: TreeState, discard: bool, 
     if not dirty and not foreign:
         return
     if discard:
-        ref = f"refs/patchlane/discarded/{time.strftime('%Y%m%d-%H%M%S')}"
+        ref = stamp = f"refs/patchlane/discarded/{time.strftime('%Y%m%d-%H%M%S')}"
+        for n in range(2, 1000):  # a second --discard within the same second must not overwrite the first
+            if tree.git("rev-parse", "--verify", "--quiet", ref, check=False).returncode != 0:
+                break
+            ref = f"{stamp}-{n}"
         sha = tree.save_ref(ref)
         log(f"  --discard: {len(dirty)} edited path(s) and {len(foreign)} unexported commit(s) set aside as"
             f" {ref} ({sha[:12]}) in {tree.path}; `git -C {tree.path} show {ref}` brings them back")
@@ -115,7 +119,7 @@ def ensure_no_unsaved_work(tree: UpstreamTree, state: TreeState, discard: bool, 
 def applied_prefix(state: TreeState, series: Series) -> int:
     """How many leading series entries the tree holds exactly as the files now are."""
     count = 0
-    for recorded, entry in zip(state.applied, series.entries):
+    for recorded, entry in zip(state.applied, series.entries, strict=False):
         if recorded.name != entry.name or not entry.path.is_file() or recorded.sha256 != entry.sha256():
             break
         count += 1
@@ -131,9 +135,13 @@ def in_sync(tree: UpstreamTree, state: TreeState, series: Series) -> bool:
 
 def sync_series(tree: UpstreamTree, state: TreeState, series: Series, discard: bool, log=print) -> bool:
     """Make the tree hold exactly the series. Returns False if it already did (no-op)."""
-    if in_sync(tree, state, series):
+    synced = in_sync(tree, state, series)
+    if synced and not (discard and tree.dirty_paths()):
         return False
     ensure_no_unsaved_work(tree, state, discard, log)
+    if synced:  # --discard with the series already applied: only the edits (now set aside) go
+        tree.reset_hard(tree.head())
+        return True
     reason = "first apply" if not state.applied else "the series changed"
     log(f"  {reason}: applying {len(series.entries)} patch(es) from the base {state.base_commit[:12]}")
     tree.reset_hard(state.base_commit)
@@ -184,7 +192,8 @@ def export_series(tree: UpstreamTree, state: TreeState, series: Series, log=prin
             name = names[index]
         else:
             subject = parse_patch_text(text, commit).subject
-            name = Series(series.upstream, series.directory, tuple(SeriesEntry(n, series.directory / n) for n in names)).next_name(slug_from_subject(subject))
+            so_far = Series(series.upstream, series.directory, tuple(SeriesEntry(n, series.directory / n) for n in names))
+            name = so_far.next_name(slug_from_subject(subject))
             names.append(name)
         path = series.directory / name
         if not path.is_file() or path.read_text() != text:
@@ -203,13 +212,20 @@ def export_series(tree: UpstreamTree, state: TreeState, series: Series, log=prin
     return written
 
 
-def record_new_patch(tree: UpstreamTree, state: TreeState, series: Series, slug: str, fields: list[tuple[str, str]], description: str, log=print) -> Path:
+def record_new_patch(
+    tree: UpstreamTree, state: TreeState, series: Series, slug: str, fields: list[tuple[str, str]], description: str, log=print
+) -> Path:
     """Commit the tree's uncommitted edits as a new patch at the top of the series."""
     _, foreign = unsaved_work(tree, state)
     if foreign:
-        raise WorkAtRiskError(f"{series.upstream}: the tree has commits not in the series", f"run `{CLI} export -u {series.upstream}` first")
+        raise WorkAtRiskError(
+            f"{series.upstream}: the tree has commits not in the series", f"run `{CLI} export -u {series.upstream}` first"
+        )
     if len(state.applied) != len(series.entries):
-        raise PatchlaneError(f"{series.upstream}: {len(state.applied)} of {len(series.entries)} patches are applied", f"`{CLI} push --all -u {series.upstream}` first: new patches go on top")
+        raise PatchlaneError(
+            f"{series.upstream}: {len(state.applied)} of {len(series.entries)} patches are applied",
+            f"`{CLI} push --all -u {series.upstream}` first: new patches go on top",
+        )
     if not tree.dirty_paths():
         raise PatchlaneError(f"{series.upstream}: no edits in {tree.path} to record", "edit files in the tree first, then run `new`")
     name = series.next_name(slug)
@@ -233,7 +249,9 @@ def refresh_top(tree: UpstreamTree, state: TreeState, series: Series, log=print)
     top = state.applied[-1]
     _, foreign = unsaved_work(tree, state)
     if foreign:
-        raise WorkAtRiskError(f"{series.upstream}: the tree has commits not in the series", f"run `{CLI} export -u {series.upstream}` instead")
+        raise WorkAtRiskError(
+            f"{series.upstream}: the tree has commits not in the series", f"run `{CLI} export -u {series.upstream}` instead"
+        )
     parent = state.applied[-2].commit if len(state.applied) > 1 else state.base_commit
     message = tree.message(top.commit)
     tree.git("add", "--all")
@@ -251,7 +269,10 @@ def import_patch(tree: UpstreamTree, state: TreeState, series: Series, source: P
     """Apply an outside patch file on top, commit it and add it to the series in canonical form."""
     ensure_no_unsaved_work(tree, state, discard=False, log=log)
     if len(state.applied) != len(series.entries):
-        raise PatchlaneError(f"{series.upstream}: {len(state.applied)} of {len(series.entries)} patches are applied", f"`{CLI} push --all -u {series.upstream}` first")
+        raise PatchlaneError(
+            f"{series.upstream}: {len(state.applied)} of {len(series.entries)} patches are applied",
+            f"`{CLI} push --all -u {series.upstream}` first",
+        )
     patch = read_patch(source)
     ok, output = git_apply(tree, patch)
     if not ok:

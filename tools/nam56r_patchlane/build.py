@@ -62,7 +62,7 @@ class Progress:
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip()  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
@@ -102,7 +102,9 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
         if upstream.install == "wheel" and series.entries:
             problems.append(f"{upstream.name}: install = \"wheel\" cannot carry patches; set install = \"editable\" in the lock")
         if problems:
-            raise PatchlaneError("series problems:\n" + "\n".join(f"  {p}" for p in problems), "fix them; `apply_patches.py check` lists them all")
+            raise PatchlaneError(
+                "series problems:\n" + "\n".join(f"  {p}" for p in problems), "fix them; `apply_patches.py check` lists them all"
+            )
         materialized = materialize_upstream(options.root, upstream, options.cache_dir, options.offline, target.python, progress.log)
         tree, state = materialized.tree, materialized.state
         action = ["materialized"] if materialized.created else []
@@ -124,7 +126,8 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
                 how = f"editable, {tree.path}" if upstream.install == "editable" else f"pinned wheel {artifact.name}, its series is empty"
                 progress.log(f"  installing {upstream.requirement} ({how})")
                 if upstream.ignore_requires_python:
-                    progress.log(f"  {upstream.name}: with --ignore-requires-python, as the lock says (python {probe_result.python_version})")
+                    progress.log(f"  {upstream.name}: with --ignore-requires-python, as the lock says"
+                                 f" (python {probe_result.python_version})")
                 envmod.install_upstream(target, upstream, tree.path, artifact, profile)
                 install = upstream.install
                 action.append("installed")

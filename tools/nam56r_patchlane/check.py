@@ -7,7 +7,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .apply import describe_apply_failure, export_commit, git_apply
+from .apply import _OFFSET, describe_apply_failure, export_commit, git_apply
 from .errors import PatchlaneError
 from .gittree import BASE_TAG, UpstreamTree, is_git_tree
 from .lock import Lock, Upstream
@@ -54,11 +54,13 @@ def check_upstream(root: Path, upstream: Upstream, cache_dir: Path, offline: boo
             if not ok:
                 problems += [f"{entry.path}: does not apply to the base: {d}" for d in describe_apply_failure(patch, output)]
                 break
-            if "offset" in output:
-                problems.append(f"{entry.path}: applies only with offsets ({output.count('offset')} hunk(s)); refresh it")
+            offsets = _OFFSET.findall(output)  # not `"offset" in output`: --verbose also prints file names
+            if offsets:
+                problems.append(f"{entry.path}: applies only with offsets ({len(offsets)} hunk(s)); refresh it")
             commit = tree.commit(patch.commit_message())
             if export_commit(tree, commit, parent) != entry.path.read_text():
-                problems.append(f"{entry.path}: not in canonical form (export would rewrite it); run `apply_patches.py export -u {upstream.name}`")
+                problems.append(f"{entry.path}: not in canonical form (export would rewrite it);"
+                                f" run `apply_patches.py export -u {upstream.name}`")
             parent = commit
         log(f"  {upstream.name}: {len(entries)} patch(es) checked against a fresh `{BASE_TAG}` base")
     return problems

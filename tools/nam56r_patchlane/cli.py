@@ -13,7 +13,7 @@ from .check import run_check
 from .errors import PatchlaneError
 from .gittree import UpstreamTree, is_git_tree
 from .lock import Lock, load_lock
-from .manifest import Record, append_record, host_stamp, patch_checksum, now_utc, parse_host_line, read_records
+from .manifest import Record, append_record, host_stamp, now_utc, parse_host_line, patch_checksum, read_records
 from .patchfile import CATEGORIES
 from .rebase import run_rebase
 from .series import read_series
@@ -77,7 +77,8 @@ def cmd_status(args, lock: Lock) -> int:
             condition += f", {len(foreign)} unexported commit(s)"
         if stale:
             condition += ", series changed (build re-applies)"
-        rows.append([upstream.name, upstream.version, upstream.commit[:10], state.source, f"{len(state.applied)}/{len(series.entries)}", condition])
+        applied = f"{len(state.applied)}/{len(series.entries)}"
+        rows.append([upstream.name, upstream.version, upstream.commit[:10], state.source, applied, condition])
     print(format_table(["upstream", "pin", "commit", "source", "applied", "tree"], rows))
     return 0
 
@@ -161,7 +162,9 @@ def cmd_export(args, lock: Lock) -> int:
     for name in names:
         _, tree, state, series = _tree(args.root, lock, name)
         if tree.dirty_paths():
-            raise PatchlaneError(f"{name}: uncommitted edits in {tree.path}", "commit them (with a patch header as message), or use `refresh`/`new`")
+            raise PatchlaneError(
+                f"{name}: uncommitted edits in {tree.path}", "commit them (with a patch header as message), or use `refresh`/`new`"
+            )
         written = ops.export_series(tree, state, series)
         print(f"{name}: {len(written)} patch file(s) written")
     return 0
@@ -214,7 +217,8 @@ def _add_common(parser: argparse.ArgumentParser, defaults: bool) -> None:
         return value if defaults else argparse.SUPPRESS
 
     parser.add_argument("--root", type=Path, default=default(DEFAULT_ROOT), help="repository root (default: this checkout)")
-    parser.add_argument("--cache", type=Path, default=default(default_cache_dir()), help=f"artifact cache directory (default: {default_cache_dir()})")
+    parser.add_argument("--cache", type=Path, default=default(default_cache_dir()),
+                        help=f"artifact cache directory (default: {default_cache_dir()})")
     parser.add_argument("--offline", action="store_true", default=default(False), help="never reach the package index; use only --cache")
     parser.add_argument("--python", default=default(None), help="target interpreter, used as is (build default: --env)")
 
@@ -247,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("series", cmd_series, "list each series with what is applied")
     p.add_argument("only", nargs="*")
 
-    for name, func, text in (("push", cmd_push, "apply the next patch, up to NAME, or --all"), ("pop", cmd_pop, "unapply the top patch, down to NAME, or --all")):
+    for name, func, text in (
+        ("push", cmd_push, "apply the next patch, up to NAME, or --all"),
+        ("pop", cmd_pop, "unapply the top patch, down to NAME, or --all"),
+    ):
         p = add(name, func, text)
         p.add_argument("name", nargs="?", help="patch file name or slug")
         p.add_argument("--all", action="store_true")
@@ -291,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("manifest", cmd_manifest_list, "list validation records; `manifest add` appends one")
     msub = p.add_subparsers(dest="manifest_command")
-    m = msub.add_parser("add", help="append a validation record")
+    msub.add_parser("list", help="list validation records", parents=[common]).set_defaults(func=cmd_manifest_list)
+    m = msub.add_parser("add", help="append a validation record", parents=[common])
     m.set_defaults(func=cmd_manifest_add)
     m.add_argument("--what", required=True, help="patch file path (relative to root) or pack id")
     m.add_argument("-u", "--upstream", required=True)

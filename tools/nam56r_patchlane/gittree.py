@@ -161,8 +161,11 @@ class UpstreamTree:
         return [line[3:] for line in out.splitlines() if line.strip()]
 
     def reset_hard(self, sha: str) -> None:
-        self.git("checkout", "--quiet", "-B", BRANCH, sha)
+        """Point `patched` and the files at `sha`. Callers have checked for (or saved, --discard) unsaved
+        work first, so edits and untracked files go; ignored build outputs stay."""
+        self.git("checkout", "--quiet", "--force", "-B", BRANCH, sha)
         self.git("reset", "--quiet", "--hard", sha)
+        self.git("clean", "--quiet", "--force", "-d")
 
     def save_ref(self, ref: str) -> str:
         """Keep the current HEAD and any uncommitted edits reachable under `ref` (nothing is lost)."""

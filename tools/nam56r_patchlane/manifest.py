@@ -152,7 +152,7 @@ def read_records(root: Path) -> list[dict]:
 
 
 def now_utc() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def patch_checksum(path: Path) -> str:

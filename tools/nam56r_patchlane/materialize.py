@@ -60,7 +60,7 @@ def _from_submodule(path: Path, upstream: Upstream) -> Materialized:
     elif tree.base_commit() != upstream.commit:
         raise PatchlaneError(
             f"{path}: its `{BASE_TAG}` tag is at {tree.base_commit()}, the lock pins {upstream.commit}",
-            "the pin moved: check the tree is clean, then `git -C {path} tag -d upstream` and rebuild".format(path=path),
+            f"the pin moved: check the tree is clean, then `git -C {path} tag -d upstream` and rebuild",
         )
     state = TreeState(
         upstream=upstream.name, source="submodule", pin=pin_label(upstream),

@@ -46,7 +46,19 @@ class Series:
         return f"{max(numbers, default=0) + 1:04d}-{slug}.patch"
 
     def write(self, names: list[str]) -> None:
-        self.series_file.write_text("".join(f"{n}\n" for n in names))
+        """Rewrite the series with `names`, keeping its comment and blank lines (export stays byte-identical)."""
+        old = self.series_file.read_text().splitlines() if self.series_file.is_file() else []
+        pending = list(names)
+        lines = []
+        for raw in old:
+            entry = raw.split("#", 1)[0].strip()
+            if not entry:
+                lines.append(raw)
+            elif pending:
+                name = pending.pop(0)
+                lines.append(raw if entry == name else name)
+        lines += pending
+        self.series_file.write_text("".join(f"{line}\n" for line in lines))
 
 
 def _slug(name: str) -> str:

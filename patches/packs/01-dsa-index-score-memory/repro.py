@@ -40,7 +40,7 @@ def host_stamp(tree: Path) -> str:
     gpu, cap, driver = "cpu", "", ""
     if torch.cuda.is_available():
         gpu = torch.cuda.get_device_name(0)
-        cap = "%d.%d" % torch.cuda.get_device_capability(0)
+        cap = "{}.{}".format(*torch.cuda.get_device_capability(0))
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True)
         driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 else ""
     try:

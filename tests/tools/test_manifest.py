@@ -1,0 +1,124 @@
+"""`manifest add/list`: append-only validation records in patches/manifest.toml, stamped with the host."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import platform
+import sys
+import tomllib
+
+import pytest
+from nam56r_patchlane.patchfile import read_patch
+from patchlane_testlib import Lane
+
+WHAT = "patches/fakeup/0001-core-scale.patch"
+HOST_KEYS = {"gpu", "capability", "driver", "python", "torch", "triton", "cuda"}
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stamp as a CPU host even where a GPU is present."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+def diff_sha256(lane: Lane, name: str) -> str:
+    return hashlib.sha256(read_patch(lane.patches / name).diff.encode()).hexdigest()
+
+
+def add(lane: Lane, python: str, *extra: str) -> None:
+    result = lane.run("manifest", "add", "--what", WHAT, "-u", "fakeup", "--command", "pytest tests/x -q", *extra, "--python", python)
+    assert result.code == 0, result.text
+    assert "appended to" in result.out and "host: gpu=cpu" in result.out
+
+
+def records(lane: Lane) -> list[dict]:
+    return tomllib.loads((lane.root / "patches" / "manifest.toml").read_text())["record"]
+
+
+def test_manifest_add_appends_a_valid_stamped_record_and_keeps_earlier_ones(lane: Lane, bare_python: str) -> None:
+    manifest = lane.root / "patches" / "manifest.toml"
+    add(lane, bare_python, "--exit-code", "0", "--sentinel", "LOSS_OK", "--sentinel", "NO_NAN", "--figures", "peak 1.5 GiB")
+    first_text = manifest.read_text()
+    (first,) = records(lane)
+
+    assert first_text.startswith("# Validation manifest")
+    assert first["what"] == WHAT
+    assert first["upstream"] == "fakeup"
+    assert first["upstream_commit"] == lane.fake.pinned
+    assert first["patch_sha256"] == diff_sha256(lane, "0001-core-scale.patch")
+    assert first["command"] == "pytest tests/x -q"
+    assert first["exit_code"] == 0
+    assert first["sentinels"] == ["LOSS_OK", "NO_NAN"]
+    assert first["figures"] == "peak 1.5 GiB"
+    assert first["date"].endswith("Z")
+    assert first["host"] == {"gpu": "cpu", "capability": "", "driver": first["host"]["driver"],
+                             "python": platform.python_version(), "torch": "", "triton": "", "cuda": ""}
+
+    # A header-only edit (the patch got filed upstream) keeps the checksum of what was validated.
+    patch = lane.patches / "0001-core-scale.patch"
+    patch.write_text(patch.read_text().replace("Upstream-Status: not-filed", "Upstream-Status: filed https://example.invalid/pr/1"))
+    add(lane, bare_python, "--exit-code", "3", "--sentinel", 'quote " and \\ backslash')
+    text = manifest.read_text()
+    both = records(lane)
+
+    assert text.startswith(first_text)  # append-only: the first record's bytes are unchanged
+    assert len(both) == 2
+    assert both[0] == first
+    assert both[1]["exit_code"] == 3 and both[1]["sentinels"] == ['quote " and \\ backslash']
+    assert both[1]["patch_sha256"] == first["patch_sha256"]
+
+    listed = lane.run("manifest", "list")
+    assert listed.code == 0
+    rows = [line for line in listed.out.splitlines() if WHAT in line]
+    assert len(rows) == 2 and " cpu " in rows[0] and "LOSS_OK NO_NAN" in rows[0]
+    assert lane.run("manifest").out == listed.out  # `manifest` alone lists as well
+
+
+def test_manifest_stamps_the_target_interpreters_torch(lane: Lane) -> None:
+    add(lane, sys.executable, "--exit-code", "0")
+
+    (record,) = records(lane)
+    assert set(record["host"]) == HOST_KEYS
+    assert record["host"]["gpu"] == "cpu"
+    assert record["host"]["torch"] == importlib.metadata.version("torch")
+
+
+def test_manifest_list_without_records(lane: Lane) -> None:
+    result = lane.run("manifest")
+
+    assert result.code == 0
+    assert "(no records)" in result.out
+
+
+def test_manifest_add_accepts_global_options_after_the_command(lane: Lane) -> None:
+    result = Lane.main([
+        "manifest", "add", "--what", WHAT, "-u", "fakeup", "--command", "true", "--exit-code", "0",
+        "--host-line", "host: gpu=cpu driver=- python=3.11.7 torch=- triton=- cuda=-", "--root", str(lane.root),
+    ])
+
+    assert result.code == 0, result.text
+    assert len(records(lane)) == 1
+
+
+def test_manifest_add_with_a_remote_host_line_records_that_host(lane: Lane) -> None:
+    line = "host: gpu=NVIDIA H100 80GB HBM3 (sm 9.0) driver=570.86.15 python=3.11.7 torch=2.13.0+cu128 triton=3.6.0 cuda=12.8"
+
+    result = lane.run("manifest", "add", "--what", WHAT, "-u", "fakeup", "--command", "repro.py", "--exit-code", "0",
+                      "--host-line", line)
+
+    assert result.code == 0, result.text
+    (record,) = records(lane)
+    assert record["host"] == {
+        "gpu": "NVIDIA H100 80GB HBM3", "capability": "9.0", "driver": "570.86.15", "python": "3.11.7",
+        "torch": "2.13.0+cu128", "triton": "3.6.0", "cuda": "12.8",
+    }
+    assert "gpu=NVIDIA H100 80GB HBM3 (sm 9.0)" in result.out
+
+
+def test_manifest_add_for_an_unknown_upstream_names_the_known_ones(lane: Lane) -> None:
+    result = lane.run("manifest", "add", "--what", WHAT, "-u", "nope", "--command", "true", "--exit-code", "0")
+
+    assert result.code == 1
+    assert "unknown upstream 'nope'" in result.err and "fakeup" in result.err
+    assert not (lane.root / "patches" / "manifest.toml").exists()
