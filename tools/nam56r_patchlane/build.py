@@ -112,7 +112,7 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
             if sync_series(tree, state, series, options.discard, progress.log):
                 action.append("patched")
         except PatchlaneError:
-            rows.append(_row(upstream, state, series, tree, "not installed", "FAILED"))
+            rows.append(_row(upstream, state, series, tree, "unchanged", "FAILED"))
             print(format_table(list(Row.__dataclass_fields__), [list(vars(r).values()) for r in rows]))
             raise
         install = "skipped"
