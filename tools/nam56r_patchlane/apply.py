@@ -228,17 +228,22 @@ def record_new_patch(
         )
     if not tree.dirty_paths():
         raise PatchlaneError(f"{series.upstream}: no edits in {tree.path} to record", "edit files in the tree first, then run `new`")
-    name = series.next_name(slug)
     patch = PatchFile(fields=fields, description=description, diff="")
     tree.git("add", "--all")
     commit = tree.commit(patch.commit_message())
+    path = _append_to_series(tree, state, series, series.next_name(slug), commit)
+    log(f"    new patch {path}")
+    return path
+
+
+def _append_to_series(tree: UpstreamTree, state: TreeState, series: Series, name: str, commit: str) -> Path:
+    """Export the tree's new top commit as patch `name`, list it last in the series and record it as applied."""
     path = series.directory / name
     series.directory.mkdir(parents=True, exist_ok=True)
     path.write_text(export_commit(tree, commit, state.applied[-1].commit if state.applied else state.base_commit))
     series.write([e.name for e in series.entries] + [name])
     state.applied.append(AppliedPatch(name=name, sha256=SeriesEntry(name, path).sha256(), commit=commit))
     tree.write_state(state)
-    log(f"    new patch {path}")
     return path
 
 
@@ -280,11 +285,6 @@ def import_patch(tree: UpstreamTree, state: TreeState, series: Series, source: P
         raise PatchApplyError(f"{series.upstream}: {source} does not apply on top of the series:\n{details}")
     commit = tree.commit(patch.commit_message())
     slug = re.sub(r"^\d{4}-", "", source.name.removesuffix(".patch")) or slug_from_subject(patch.subject)
-    name = series.next_name(slug_from_subject(slug))
-    path = series.directory / name
-    path.write_text(export_commit(tree, commit, state.applied[-1].commit if state.applied else state.base_commit))
-    series.write([e.name for e in series.entries] + [name])
-    state.applied.append(AppliedPatch(name=name, sha256=SeriesEntry(name, path).sha256(), commit=commit))
-    tree.write_state(state)
+    path = _append_to_series(tree, state, series, series.next_name(slug_from_subject(slug)), commit)
     log(f"    imported {source} as {path}")
     return path
