@@ -69,8 +69,8 @@ def test_config_field_defaults_to_off() -> None:
 
 def test_strict_sparse_mla_raises_naming_head_dim() -> None:
     """DSA layer's sparse attention, strict config: the TileLang SparseMLA decline is an error."""
-    with pytest.raises(fused_decline.FusedDSAPathDeclined, match=r"fused sparse MLA declined: head dim 192 != 576"):
-        dsa._run_sparse_attention(config=_config(strict=True), **_sparse_attention_inputs(192))
+    with pytest.raises(fused_decline.FusedDSAPathDeclined, match=r"fused sparse MLA declined: rope tail \(head dim - v_channels\) 72 is not a power of two"):
+        dsa._run_sparse_attention(config=_config(strict=True), **_sparse_attention_inputs(200))
 
 
 def test_strict_indexer_raises_naming_dtype() -> None:
@@ -95,7 +95,7 @@ def test_strict_indexer_loss_raises_naming_head_count() -> None:
 
 def test_default_warns_once_per_reason_and_returns_the_pytorch_result(caplog) -> None:
     caplog.set_level(logging.DEBUG)
-    inputs = _sparse_attention_inputs(192)
+    inputs = _sparse_attention_inputs(200)
     reference = dsa._run_sparse_attention(config=_config(backend="none"), **inputs)
     assert _decline_records(caplog) == []  # no fused backend selected: nothing declined
 
@@ -104,11 +104,11 @@ def test_default_warns_once_per_reason_and_returns_the_pytorch_result(caplog) ->
         torch.testing.assert_close(output, reference, rtol=0, atol=0)
     records = _decline_records(caplog)
     assert len(records) == 1
-    assert records[0].startswith("fused sparse MLA declined: head dim 192 != 576; falling back")
+    assert records[0].startswith("fused sparse MLA declined: rope tail (head dim - v_channels) 72 is not a power of two >= 16")
 
-    dsa._run_sparse_attention(config=_config(), **_sparse_attention_inputs(160))  # another reason: logged too
+    dsa._run_sparse_attention(config=_config(), **_sparse_attention_inputs(168))  # another reason: logged too
     records = _decline_records(caplog)
-    assert len(records) == 2 and "head dim 160 != 576" in records[1]
+    assert len(records) == 2 and "rope tail (head dim - v_channels) 40 is not a power of two" in records[1]
 
     q, k, weights, starts, ends = _indexer_inputs(torch.float32)
     for _ in range(2):
@@ -118,8 +118,8 @@ def test_default_warns_once_per_reason_and_returns_the_pytorch_result(caplog) ->
 
 
 def _sparse_mla_args() -> tuple:
-    inputs = _sparse_attention_inputs(192)
-    return inputs["query"], inputs["key"], inputs["topk_indices"], 0.1, 512
+    inputs = _sparse_attention_inputs(200)
+    return inputs["query"], inputs["key"], inputs["topk_indices"], 0.1, 128
 
 
 def _indexer_args() -> tuple:
@@ -130,7 +130,7 @@ def _indexer_args() -> tuple:
 @pytest.mark.parametrize(
     "name, make_args, reason",
     [
-        ("fused_sparse_mla_absorbed", _sparse_mla_args, "head dim 192 != 576"),
+        ("fused_sparse_mla_absorbed", _sparse_mla_args, "rope tail (head dim - v_channels) 72"),
         ("fused_qk_topk_lighting", _indexer_args, "q.dtype=torch.float32"),
     ],
 )
@@ -149,7 +149,7 @@ def test_strict_mode_covers_backends_that_do_not_report(monkeypatch, caplog) -> 
     caplog.set_level(logging.DEBUG)
     silent = SimpleNamespace(run_fused_absorbed_sparse_attention=lambda *args, **kwargs: None)
     monkeypatch.setattr(dsa_kernels, "_load_backend", lambda config: silent)
-    inputs = _sparse_attention_inputs(192)
+    inputs = _sparse_attention_inputs(200)
     with pytest.raises(fused_decline.FusedDSAPathDeclined, match=r"the cudnn backend returned None"):
         dsa._run_sparse_attention(config=_config(strict=True, backend="cudnn"), **inputs)
     dsa._run_sparse_attention(config=_config(backend="cudnn"), **inputs)  # default: falls back

@@ -46,10 +46,10 @@ class RecordingSparseMLA:
     def __init__(self) -> None:
         self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def apply(self, query_bshd, key_bshd, indices, softmax_scale):
+    def apply(self, query_bshd, key_bshd, indices, softmax_scale, d_v=V_CHANNELS):
         self.calls.append((query_bshd, key_bshd))
         b, s, h, _ = query_bshd.shape
-        return torch.zeros(b, s, h, V_CHANNELS, dtype=torch.bfloat16), None
+        return torch.zeros(b, s, h, d_v, dtype=torch.bfloat16), None
 
 
 @pytest.fixture
