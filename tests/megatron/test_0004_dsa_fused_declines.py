@@ -69,7 +69,7 @@ def test_config_field_defaults_to_off() -> None:
 
 def test_strict_sparse_mla_raises_naming_head_dim() -> None:
     """DSA layer's sparse attention, strict config: the TileLang SparseMLA decline is an error."""
-    with pytest.raises(fused_decline.FusedDSAPathDeclined, match=r"fused sparse MLA declined: rope tail \(head dim - v_channels\) 72 is not"):
+    with pytest.raises(fused_decline.FusedDSAPathDeclined, match=r"sparse MLA declined: rope tail \(head dim - v_channels\) 72 is not"):
         dsa._run_sparse_attention(config=_config(strict=True), **_sparse_attention_inputs(200))
 
 
