@@ -6,7 +6,6 @@ go through it. The GPU measurement (host vs GPU time per forward+backward) is in
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,10 +48,10 @@ def test_other_static_configuration_builds_again() -> None:
 
 
 @pytest.mark.parametrize("path, count", sorted(CALL_SITES.items()))
-def test_call_sites_build_through_the_cache(path: str, count: int) -> None:
+def test_call_sites_build_through_the_cache(pinned_release, path: str, count: int) -> None:
     patched = (TREE / path).read_text()
     assert "T.dynamic(" not in patched
     assert len(re.findall(r"= build_once\(mamba_mimo_\w+,", patched)) == count
-    pinned = subprocess.run(["git", "-C", str(TREE), "show", f"upstream:{path}"], capture_output=True, text=True, check=True).stdout
+    pinned = pinned_release.source(path)
     # The bug: the pinned release builds with fresh symbols on every call.
     assert len(re.findall(r"= mamba_mimo_\w+\(\s*T\.dynamic\(\"B\"\)", pinned)) == count

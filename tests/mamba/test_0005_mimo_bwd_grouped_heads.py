@@ -8,16 +8,12 @@ pinned. The GPU reproducer runs the real kernels against a G == H module with we
 
 from __future__ import annotations
 
-import ast
-import subprocess
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 from mamba_ssm.ops.tilelang.mamba3 import mamba3_mimo_bwd, mamba3_mimo_bwd_varlen
 
-TREE = Path(__file__).resolve().parents[2] / "third_party" / "mamba"
 B, S, R, N, H, P, CHUNK = 2, 32, 4, 16, 8, 8, 16
 DQ_ARG, DK_ARG = 12, 8  # positions of the dq/dk views among the bwd_bwd kernel's arguments
 
@@ -79,15 +75,6 @@ def _run(module: ModuleType, function, groups: int, varlen: bool, monkeypatch: p
     return per_head, function(*args, **kwargs)
 
 
-def _pinned(module: ModuleType, path: str, name: str):
-    """The function as released, compiled against a copy of the patched module's globals."""
-    source = subprocess.run(["git", "-C", str(TREE), "show", f"upstream:{path}"], capture_output=True, text=True, check=True).stdout
-    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
-    namespace = dict(vars(module))
-    exec(compile(ast.Module(body=[node], type_ignores=[]), f"upstream:{path}", "exec"), namespace)
-    return namespace[name]
-
-
 CASES = [
     (mamba3_mimo_bwd, "mamba_ssm/ops/tilelang/mamba3/mamba3_mimo_bwd.py", "mamba_mimo_bwd_combined", False),
     (mamba3_mimo_bwd_varlen, "mamba_ssm/ops/tilelang/mamba3/mamba3_mimo_bwd_varlen.py", "mamba_mimo_bwd_combined_varlen", True),
@@ -112,9 +99,9 @@ def test_grouped_heads_reduce_within_each_group(module, path, name, varlen, grou
 
 @pytest.mark.parametrize("module, path, name, varlen", CASES, ids=["dense", "varlen"])
 @pytest.mark.parametrize("groups", [1, H])
-def test_groups_the_release_supported_are_unchanged(module, path, name, varlen, groups, monkeypatch) -> None:
+def test_groups_the_release_supported_are_unchanged(pinned_release, module, path, name, varlen, groups, monkeypatch) -> None:
     _, patched = _run(module, getattr(module, name), groups, varlen, monkeypatch)
-    _, pinned = _run(module, _pinned(module, path, name), groups, varlen, monkeypatch)
+    _, pinned = _run(module, pinned_release.definition(module, path, name), groups, varlen, monkeypatch)
     for ours, theirs in zip(patched, pinned, strict=True):
         if ours is None or theirs is None:
             assert ours is theirs
@@ -123,9 +110,9 @@ def test_groups_the_release_supported_are_unchanged(module, path, name, varlen, 
 
 
 @pytest.mark.parametrize("module, path, name, varlen", CASES, ids=["dense", "varlen"])
-def test_pinned_release_rejects_grouped_heads(module, path, name, varlen, monkeypatch) -> None:
+def test_pinned_release_rejects_grouped_heads(pinned_release, module, path, name, varlen, monkeypatch) -> None:
     with pytest.raises(ValueError, match="G value of 4 is not currently supported"):
-        _run(module, _pinned(module, path, name), 4, varlen, monkeypatch)
+        _run(module, pinned_release.definition(module, path, name), 4, varlen, monkeypatch)
 
 
 def test_heads_not_divisible_by_groups_is_a_clear_error(monkeypatch) -> None:
