@@ -17,6 +17,7 @@ from .errors import PatchlaneError
 from .lock import Lock
 from .materialize import materialize_upstream
 from .series import read_series, series_problems
+from .superproject import protect_gitlink
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
             )
         materialized = materialize_upstream(options.root, upstream, options.cache_dir, options.offline, target.python, progress.log)
         tree, state = materialized.tree, materialized.state
+        protect_gitlink(options.root, upstream)
         action = ["materialized"] if materialized.created else []
         try:
             if sync_series(tree, state, series, options.discard, progress.log):

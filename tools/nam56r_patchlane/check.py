@@ -1,6 +1,7 @@
 """`check`, the CI gate: every series applies with zero fuzz and no offset to a fresh base, every
-header is complete and valid, numbering and `series` agree, no patch is empty, and exporting the
-applied series reproduces every committed patch file byte for byte."""
+header is complete and valid, numbering and `series` agree, no patch is empty, exporting the
+applied series reproduces every committed patch file byte for byte, and the superproject's
+submodule gitlinks record the lock's commits."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .lock import Lock, Upstream
 from .materialize import materialize_upstream
 from .patchfile import read_patch, validate_header
 from .series import read_series, series_problems
+from .superproject import gitlink_problems
 
 
 def _fresh_base(root: Path, upstream: Upstream, cache_dir: Path, offline: bool, python: str, scratch: Path, log) -> UpstreamTree:
@@ -67,7 +69,8 @@ def check_upstream(root: Path, upstream: Upstream, cache_dir: Path, offline: boo
 
 
 def run_check(lock: Lock, root: Path, cache_dir: Path, offline: bool, python: str, only: list[str] | None, log=print) -> int:
-    all_problems = []
+    all_problems = gitlink_problems(root, lock, only)
+    log(f"gitlinks: {'ok' if not all_problems else f'{len(all_problems)} problem(s)'}")
     for upstream in lock.select(only):
         problems = check_upstream(root, upstream, cache_dir, offline, python, log)
         status = "ok" if not problems else f"{len(problems)} problem(s)"
