@@ -4,6 +4,7 @@
   nox -s tests              build, then the CPU test suite in that same environment
   nox -s lint               ruff
   nox -s patches -- CMD     the patch-lane CLI (tools/apply_patches.py CMD), e.g. `-- status`, `-- check`
+  nox -s packs -- CMD       the filing-pack CLI (tools/packs.py CMD), e.g. `-- list`, `-- run ID`, `-- waves`
 
 `.venv` is the environment the stack runs in (training, tests, reproducers). nox's own session
 environments only carry the patch tool's dependency (GitPython).
@@ -22,6 +23,8 @@ VENV = ROOT / ".venv"
 VENV_PYTHON = VENV / "bin" / "python"
 TOOL = str(ROOT / "tools" / "apply_patches.py")
 TOOL_REQUIREMENTS = ["gitpython>=3.1.40"]
+# Megatron-LM's pyproject requires black 26; `packs preflight` runs it (and isort) on our changed lines.
+FORMATTERS = ["black==26.10.1", "isort==6.1.0"]
 
 nox.options.sessions = ["build"]
 nox.options.reuse_venv = "yes"
@@ -52,7 +55,7 @@ def _project_installed() -> bool:
 def tests(session: nox.Session) -> None:
     """Build (a no-op when up to date), then run the CPU test suite in .venv."""
     build(session)
-    session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "pytest>=8", external=True)
+    session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "pytest>=8", *FORMATTERS, external=True)
     session.run(str(VENV_PYTHON), "-m", "pytest", *(session.posargs or ["-q"]), external=True)
 
 
@@ -69,3 +72,13 @@ def patches(session: nox.Session) -> None:
     if not session.posargs:
         session.error("give a command after --, e.g. `nox -s patches -- status` (`-- --help` lists them)")
     _tool(session, *session.posargs)
+
+
+@nox.session
+def packs(session: nox.Session) -> None:
+    """The filing-pack CLI in .venv (reproducers run there): `nox -s packs -- list|run ID|preflight ID|waves|...`."""
+    if not session.posargs:
+        session.error("give a command after --, e.g. `nox -s packs -- list` (`-- --help` lists them)")
+    build(session)
+    session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *FORMATTERS, external=True)
+    session.run(str(VENV_PYTHON), str(ROOT / "tools" / "packs.py"), *session.posargs, external=True)

@@ -1,7 +1,8 @@
 """`check`, the CI gate: every series applies with zero fuzz and no offset to a fresh base, every
 header is complete and valid, numbering and `series` agree, no patch is empty, exporting the
-applied series reproduces every committed patch file byte for byte, and the superproject's
-submodule gitlinks record the lock's commits."""
+applied series reproduces every committed patch file byte for byte, the superproject's
+submodule gitlinks record the lock's commits, and every patch has a valid filing pack or says why
+it is never filed (patches/packs/README.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .errors import PatchlaneError
 from .gittree import BASE_TAG, UpstreamTree, is_git_tree
 from .lock import Lock, Upstream
 from .materialize import materialize_upstream
+from .packs import coverage_problems, load_packs, pack_problems
 from .patchfile import read_patch, validate_header
 from .series import read_series, series_problems
 from .superproject import gitlink_problems
@@ -71,6 +73,9 @@ def check_upstream(root: Path, upstream: Upstream, cache_dir: Path, offline: boo
 def run_check(lock: Lock, root: Path, cache_dir: Path, offline: bool, python: str, only: list[str] | None, log=print) -> int:
     all_problems = gitlink_problems(root, lock, only)
     log(f"gitlinks: {'ok' if not all_problems else f'{len(all_problems)} problem(s)'}")
+    packs = coverage_problems(root, lock) + [p for pack in load_packs(root) for p in pack_problems(pack, root, lock)]
+    log(f"packs: {'ok' if not packs else f'{len(packs)} problem(s)'}")
+    all_problems += packs
     for upstream in lock.select(only):
         problems = check_upstream(root, upstream, cache_dir, offline, python, log)
         status = "ok" if not problems else f"{len(problems)} problem(s)"

@@ -110,6 +110,9 @@ class Record:
     sentinels: tuple[str, ...]
     date: str
     figures: str = ""  # free-form measured figures, e.g. "peak before 32.5 GiB, after 2.0 GiB"
+    pack: str = ""  # set by `packs run`: the pack id,
+    side: str = ""  # which tree it ran on (base | patched),
+    tree_commit: str = ""  # and that tree's commit (the tool's commits are reproducible across machines)
 
 
 def _toml_string(value: str) -> str:
@@ -139,6 +142,26 @@ def append_record(root: Path, record: Record) -> Path:
     path.write_text(existing + render_record(record))
     read_records(root)  # the file must stay valid TOML
     return path
+
+
+def merge_records(root: Path, other: Path) -> int:
+    """Append the records of another copy of the manifest (written on a GPU host, say) that this one lacks."""
+    try:
+        theirs = tomllib.loads(other.read_text()).get("record", [])
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise PatchlaneError(f"{other}: not a readable manifest: {exc}") from exc
+    ours = read_records(root)
+    added = 0
+    for raw in theirs:
+        if raw in ours:
+            continue
+        host = HostStamp(**{k: raw["host"].get(k, "") for k in HostStamp.__dataclass_fields__})
+        fields = {k: raw[k] for k in Record.__dataclass_fields__ if k in raw and k != "host"}
+        fields["sentinels"] = tuple(fields.get("sentinels", ()))
+        append_record(root, Record(host=host, **fields))
+        ours.append(raw)
+        added += 1
+    return added
 
 
 def read_records(root: Path) -> list[dict]:

@@ -1,0 +1,179 @@
+"""`packs run`: a pack's reproducer on the unpatched base and on the patched tree, side by side.
+
+Both sides are shared clones of the built tree third_party/<upstream> (made by `apply_patches.py
+build`), checked out at a commit of its `patched` branch:
+  base     the parent of the pack's first patch (a regression guard: the pinned release itself)
+  patched  the tip of the series
+The reproducer's output is checked against pack.toml's sentinels and each side is appended to the
+validation manifest with the host stamp of the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import PatchlaneError
+from .gittree import UpstreamTree, is_git_tree
+from .lock import Lock
+from .manifest import Record, append_record, now_utc, parse_host_line
+from .packs import SENTINELS, Pack, pack_checksum
+from .series import read_series
+
+EXIT_NEEDS_GPU = 3
+SIDES = ("base", "patched")
+_REPORTED = (*SENTINELS, "NEEDS_GPU")
+
+
+@dataclass(frozen=True)
+class SideResult:
+    side: str
+    commit: str
+    command: list[str]
+    exit_code: int
+    output: str
+    sentinels: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.exit_code == EXIT_NEEDS_GPU and "NEEDS_GPU" in self.sentinels
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def side_commits(pack: Pack, root: Path, lock: Lock) -> tuple[UpstreamTree, dict[str, str]]:
+    """The built tree and the commit of each side; refuses a tree out of step with its series."""
+    upstream = lock.get(pack.upstream)
+    path = root / upstream.path
+    hint = "run `nox -s build` (or `python tools/apply_patches.py build`) first"
+    if not is_git_tree(path):
+        raise PatchlaneError(f"{path} is not materialized", hint)
+    tree = UpstreamTree(path)
+    state = tree.read_state()
+    series = read_series(root / "patches", upstream.name)
+    wanted = [(e.name, e.sha256()) for e in series.entries]
+    if state is None or [(a.name, a.sha256) for a in state.applied] != wanted or tree.head() != (
+            state.applied[-1].commit if state.applied else state.base_commit):
+        raise PatchlaneError(f"{path} does not hold the current patches/{upstream.name}/series", hint)
+    if tree.dirty_paths():
+        raise PatchlaneError(f"{path} has uncommitted edits, which neither side would contain",
+                             "record them as a patch (apply_patches.py refresh/new) or stash them, then run again")
+    commits = {a.name: a.commit for a in state.applied}
+    if pack.patches:
+        base = tree.git("rev-parse", f"{commits[pack.patches[0]]}^").stdout.strip()
+    else:
+        base = state.base_commit
+    return tree, {"base": base, "patched": tree.head()}
+
+
+def make_side(tree: UpstreamTree, commit: str, dest: Path) -> Path:
+    tree.git("clone", "--quiet", "--shared", "--no-checkout", str(tree.path), str(dest))
+    UpstreamTree(dest).git("checkout", "--quiet", "-B", "side", commit)
+    return dest
+
+
+def _found_sentinels(output: str) -> tuple[str, ...]:
+    found = []
+    for line in output.splitlines():
+        word = line.split(":", 1)[0].split(" ", 1)[0].strip()
+        if word in _REPORTED and word not in found:
+            found.append(word)
+    return tuple(found)
+
+
+def expected_problems(pack: Pack, side: str, exit_code: int, output: str, found: tuple[str, ...]) -> list[str]:
+    wanted = (pack.reproducer.base,) if side == "base" else pack.reproducer.patched
+    problems = []
+    first = next((line for line in output.splitlines() if line.strip()), "")
+    if not first.startswith("host: "):
+        problems.append(f"{side}: the first output line is not a host stamp ('host: gpu=...'): {first[:80]!r}")
+    missing = [s for s in wanted if s not in found]
+    if missing:
+        problems.append(f"{side}: expected {', '.join(wanted)}; missing {', '.join(missing)} (printed: {', '.join(found) or 'none'})")
+    contrary = {"BUG_REPRODUCED": "FIX_VALIDATED", "FIX_VALIDATED": "BUG_REPRODUCED"}
+    for sentinel in wanted:
+        if contrary.get(sentinel) in found:
+            problems.append(f"{side}: printed {contrary[sentinel]} as well as {sentinel}")
+    if exit_code != 0:
+        problems.append(f"{side}: exit code {exit_code} (0 means the sentinel matched the tree)")
+    return problems
+
+
+def run_side(pack: Pack, side: str, trees: dict[str, Path], python: str, timeout: float | None, log=print) -> SideResult:
+    values = {"base": str(trees["base"]), "patched": str(trees["patched"])}
+    args = [a.replace("{base}", values["base"]).replace("{patched}", values["patched"]) for a in pack.reproducer.args]
+    command = [python, str(pack.script_path), "--tree", str(trees[side]), *args]
+    log(f"[{side}] $ {' '.join(command)}")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    lines = []
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=pack.folder)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            log(f"[{side}] {line.rstrip()}")
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+        lines.append(f"(killed after {timeout} s)\n")
+    output = "".join(lines)
+    found = _found_sentinels(output)
+    problems = () if code == EXIT_NEEDS_GPU else tuple(expected_problems(pack, side, code, output, found))
+    commit = UpstreamTree(trees[side]).head()
+    return SideResult(side=side, commit=commit, command=command, exit_code=code, output=output, sentinels=found, problems=problems)
+
+
+def _figures(output: str) -> str:
+    keep = [line.strip() for line in output.splitlines() if line.startswith(("MEMORY_SAVE_VERIFIED", "FIX_VALIDATED", "BUG_REPRODUCED"))]
+    return " | ".join(keep)[:2000]
+
+
+def record_side(root: Path, lock: Lock, pack: Pack, result: SideResult) -> None:
+    first = next(line for line in result.output.splitlines() if line.strip())
+    script = pack.script_path.relative_to(root) if pack.script_path.is_relative_to(root) else pack.script_path
+    args = " ".join(pack.reproducer.args)
+    append_record(root, Record(
+        what=f"pack:{pack.id}", upstream=pack.upstream, upstream_commit=lock.get(pack.upstream).commit,
+        patch_sha256=pack_checksum(pack, root), host=parse_host_line(first.strip()),
+        command=f"python tools/packs.py run {pack.id}  ({result.side}: python {script} --tree <{result.side} tree> {args})".rstrip(),
+        exit_code=result.exit_code, sentinels=result.sentinels, date=now_utc(), figures=_figures(result.output),
+        pack=pack.id, side=result.side, tree_commit=result.commit,
+    ))
+
+
+def run_pack(pack: Pack, root: Path, lock: Lock, python: str = sys.executable, sides: tuple[str, ...] = SIDES,
+             record: bool = True, timeout: float | None = None, keep: Path | None = None, log=print) -> int:
+    """0: every side printed what pack.toml expects (and was recorded); 1: a side did not; 3: needs a GPU."""
+    tree, commits = side_commits(pack, root, lock)
+    scratch = Path(tempfile.mkdtemp(prefix=f"pack-{pack.id}-")) if keep is None else keep
+    try:
+        trees = {side: make_side(tree, commits[side], scratch / side) for side in SIDES}
+        log(f"{pack.id}: base {commits['base'][:12]}, patched {commits['patched'][:12]} ({pack.upstream}); trees in {scratch}")
+        results = [run_side(pack, side, trees, python, timeout, log) for side in sides]
+    finally:
+        if keep is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if any(r.needs_gpu for r in results):
+        log(f"{pack.id}: NEEDS_GPU: the reproducer needs a CUDA GPU and this host has none; nothing was recorded")
+        return EXIT_NEEDS_GPU
+    for result in results if record else ():
+        try:  # failures are recorded too: the manifest is the history, preflight reads the latest pass
+            record_side(root, lock, pack, result)
+        except PatchlaneError as exc:
+            log(f"  {result.side}: not recorded: {exc}")
+    problems = [p for r in results for p in r.problems]
+    for problem in problems:
+        log(f"  ERROR {problem}")
+    verdict = "passed" if not problems else "FAILED"
+    recorded = " (recorded in patches/manifest.toml)" if record else " (not recorded: --no-record)"
+    log(f"{pack.id}: {verdict}: " + ", ".join(f"{r.side} exit {r.exit_code} {'/'.join(r.sentinels) or '-'}" for r in results) + recorded)
+    return 0 if not problems else 1

@@ -1,0 +1,174 @@
+"""Command line of the filing packs: `python tools/packs.py <command> --help`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+from .errors import PatchlaneError
+from .lock import Lock, load_lock
+from .packfiling import approve, export_bundle, mark_filed
+from .packrun import SIDES, run_pack
+from .packs import coverage_problems, get_pack, load_packs, pack_problems
+from .preflight import report, run_preflight
+from .waves import plan_waves, render_waves
+
+DEFAULT_ROOT = Path(__file__).resolve().parents[2]
+EPILOG = """\
+A pack (patches/packs/<id>/: pack.toml, body.md, repro.py; see patches/packs/README.md) is one
+upstream contribution, or a regression guard for a bug the pinned release already fixed.
+Typical flow:
+  list                         every pack: kind, wave, upstream state, approval
+  run ID                       reproducer on the unpatched base and the patched tree; appends both to the manifest
+  preflight ID                 the pre-filing checklist; exit 1 names every failing item
+  waves                        the next 2-4 ready packs per repository, honouring the pause after a filing
+  approve ID --by NAME         the human gate (nothing is filed by this tool)
+  export ID --out DIR          the bundle a person attaches: body, patches, reproducer, manifest excerpt
+  filed ID --url URL           record where a person filed an approved pack
+"""
+
+
+def _today(args) -> dt.date:
+    return dt.date.fromisoformat(args.today) if args.today else dt.datetime.now(dt.UTC).date()
+
+
+def _python(args) -> str:
+    if args.python:
+        return args.python
+    venv = args.root / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def cmd_list(args, lock: Lock) -> int:
+    rows = []
+    for pack in load_packs(args.root):
+        state = pack.upstream_state.state + (f" {pack.upstream_state.fixed_in}" if pack.upstream_state.fixed_in else "")
+        approval = pack.filing.approved_by or "-"
+        rows.append((pack.id, pack.target, pack.kind, pack.wave, pack.reproducer.needs, state, approval,
+                     ", ".join(pack.patches) or "(guard)"))
+    headers = ("pack", "target", "kind", "wave", "needs", "upstream state", "approved by", "patches")
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    for row in [headers, *rows]:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    problems = [p for pack in load_packs(args.root) for p in pack_problems(pack, args.root, lock)] + coverage_problems(args.root, lock)
+    for problem in problems:
+        print(f"  ERROR {problem}")
+    return 0 if not problems else 1
+
+
+def cmd_run(args, lock: Lock) -> int:
+    codes = []
+    ids = [p.id for p in load_packs(args.root) if not args.needs or p.reproducer.needs == args.needs] if args.all else args.ids
+    if not ids:
+        raise PatchlaneError("name a pack (or --all)", "`python tools/packs.py list` shows them")
+    for pack_id in ids:
+        pack = get_pack(args.root, pack_id)
+        problems = pack_problems(pack, args.root, lock)
+        if problems:
+            raise PatchlaneError(f"{pack.id}: pack.toml has problems:\n" + "\n".join(f"  {p}" for p in problems))
+        sides = SIDES if args.side == "both" else (args.side,)
+        codes.append(run_pack(pack, args.root, lock, _python(args), sides, record=not args.no_record, timeout=args.timeout,
+                              keep=args.keep / pack.id if args.keep else None))
+    return max(codes)
+
+
+def cmd_preflight(args, lock: Lock) -> int:
+    code = 0
+    ids = [p.id for p in load_packs(args.root)] if args.all else args.ids
+    for pack_id in ids:
+        pack = get_pack(args.root, pack_id)
+        code = max(code, report(pack, run_preflight(pack, args.root, lock, _today(args), args.max_age_days, _python(args))))
+    return code
+
+
+def cmd_waves(args, lock: Lock) -> int:
+    today = _today(args)
+    waves = plan_waves(args.root, lock, today, args.pause_days, args.max_age_days, _python(args))
+    print(render_waves(waves, today, args.pause_days), end="")
+    return 0
+
+
+def cmd_approve(args, lock: Lock) -> int:
+    pack = get_pack(args.root, args.id)
+    failed = [i for i in run_preflight(pack, args.root, lock, _today(args), args.max_age_days, _python(args), with_approval=False)
+              if not i.ok]
+    if failed:
+        report(pack, failed)
+        raise PatchlaneError(f"{pack.id} is not ready: approve it once its preflight passes (above)")
+    pack = approve(pack, args.by, _today(args))
+    print(f"{pack.id}: approved by {pack.filing.approved_by} on {pack.filing.approved_on} (recorded in {pack.folder / 'pack.toml'});"
+          " nothing was filed")
+    return 0
+
+
+def cmd_filed(args, lock: Lock) -> int:
+    pack = mark_filed(get_pack(args.root, args.id), args.url, _today(args))
+    print(f"{pack.id}: filed at {pack.filing.filed_url} on {pack.filing.filed_on} (approved by {pack.filing.approved_by})")
+    return 0
+
+
+def cmd_export(args, lock: Lock) -> int:
+    pack = get_pack(args.root, args.id)
+    items = run_preflight(pack, args.root, lock, _today(args), args.max_age_days, _python(args), with_approval=not args.draft)
+    blocking = [i for i in items if not i.ok and (not args.draft or i.name.startswith(("no private", "pack.toml")))]
+    if blocking:
+        report(pack, items)
+        raise PatchlaneError(f"{pack.id}: not exported: preflight failed"
+                             + ("" if args.draft else " (--draft exports an unapproved or stale pack, never one that leaks)"))
+    written = export_bundle(pack, args.root, args.out)
+    print(f"{pack.id}: bundle written{' (DRAFT: preflight not clean)' if any(not i.ok for i in items) else ''}:")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="packs.py", description="NAM56R upstream filing packs: run, preflight, waves, approve, export.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="repository root (default: this checkout)")
+    parser.add_argument("--python", help="interpreter that runs reproducers and formatters (default: <root>/.venv, else this one)")
+    parser.add_argument("--today", help="the date to judge ages and pauses by (YYYY-MM-DD; default: today, UTC)")
+    parser.add_argument("--max-age-days", type=int, default=7, help="a manifest record older than this is stale (default: 7)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    add("list", cmd_list, "every pack with its kind, wave, upstream state and approval; exit 1 on an invalid pack or an unpacked patch")
+    p = add("run", cmd_run, "run a pack's reproducer on its unpatched base and on the patched tree, and record both in the manifest")
+    p.add_argument("ids", nargs="*", metavar="ID")
+    p.add_argument("--all", action="store_true", help="every pack (with --needs: only those)")
+    p.add_argument("--needs", choices=["cpu", "gpu"], help="with --all: only packs whose reproducer needs this")
+    p.add_argument("--side", choices=["both", *SIDES], default="both")
+    p.add_argument("--no-record", action="store_true", help="check only; append nothing to the manifest")
+    p.add_argument("--timeout", type=float, help="seconds per side before the reproducer is killed")
+    p.add_argument("--keep", type=Path, help="keep the side trees under this folder (default: a temporary one, removed)")
+    p = add("preflight", cmd_preflight, "the pre-filing checklist; exit 1 names every failing item")
+    p.add_argument("ids", nargs="*", metavar="ID")
+    p.add_argument("--all", action="store_true")
+    p = add("waves", cmd_waves, "propose the next filing wave per target repository")
+    p.add_argument("--pause-days", type=int, default=2, help="days a repository rests after its last filing (default: 2)")
+    p = add("approve", cmd_approve, "record a person's approval to file a pack (the human gate; files nothing)")
+    p.add_argument("id")
+    p.add_argument("--by", required=True, help="who approves")
+    p = add("filed", cmd_filed, "record where a person filed an approved pack (refused without an approval)")
+    p.add_argument("id")
+    p.add_argument("--url", required=True, help="the issue or PR on the target repository")
+    p = add("export", cmd_export, "write the filing bundle (body, patches, reproducer, manifest excerpt) for a person to attach")
+    p.add_argument("id")
+    p.add_argument("--out", type=Path, required=True, help="folder to write <out>/<id>/ into")
+    p.add_argument("--draft", action="store_true", help="export even without approval or a fresh run (never with a private leak)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args, load_lock(args.root))
+    except PatchlaneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
