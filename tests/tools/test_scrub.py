@@ -15,7 +15,14 @@ python repro.py --tree /path/to/Megatron-LM
 Shapes [sq, b, h, sk] = [4096, 8, 32, 4096]; peak 32.00 GiB -> 1.05 GiB; 1.2.3 and 10.1 and 1e-3.
 nvcc -gencode arch=compute_90a,code=sm_90a; MASTER_ADDR=127.0.0.1
 from torch.distributed import init_process_group  # the @torch.compile decorator is fine in code
+Kernels are built by `@tilelang.jit` factories (a @tilelang.jit decorator); every 17th row is x[::17].
 """
+
+
+def test_decorators_in_code_are_not_mentions() -> None:
+    code = "    @staticmethod\n@dataclass(frozen=True)\n@torch.no_grad()  # no grads\n"
+    assert [f.kind for f in scan_text(code, "repro.py", ScrubConfig())] == []
+    assert [f.text for f in scan_text("@alice", "body.md", ScrubConfig())] == ["@alice"]
 
 
 def kinds(text: str, config: ScrubConfig | None = None) -> list[tuple[str, str]]:

@@ -33,7 +33,9 @@ _BUCKET = re.compile(
 )
 _BRANCH = re.compile(r"(?<![\w/.-])(?:internal|private|wip|users?|feature|hotfix|exp|experiment)/[\w.-]+")
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
-_MENTION = re.compile(r"(?<![\w@/.])@([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))\b")
+_MENTION = re.compile(r"(?<![\w@/.`])@([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))\b(?!\.[A-Za-z_])")  # @pkg.decorator is code
+_DECORATOR_LINE = re.compile(r"^\s*@[\w.]+(\(.*\))?\s*(#.*)?$")
+_INLINE_CODE = re.compile(r"`[^`]*`")
 _PUBLIC_IPS = {"0.0.0.0", "127.0.0.1"}
 
 
@@ -86,8 +88,8 @@ def scan_text(text: str, where: str, config: ScrubConfig) -> list[Finding]:
         for m in _IPV4.finditer(line):
             if _is_ip(m.group(1)):
                 add("IP address", m.group(1))
-        for m in _IPV6.finditer(line):
-            if _is_ip(m.group(1)):
+        for m in _IPV6.finditer(line):  # two hex groups at least: `x[::17]` is a slice
+            if _is_ip(m.group(1)) and sum(1 for g in m.group(1).split(":") if g) >= 2:
                 add("IP address", m.group(1))
         for m in _INTERNAL_HOST.finditer(line):
             add("internal host name", m.group(0))
@@ -102,7 +104,8 @@ def scan_text(text: str, where: str, config: ScrubConfig) -> list[Finding]:
         for m in _EMAIL.finditer(line):
             if m.group(0).lower() not in authors and not m.group(0).lower().endswith((".invalid", "@example.com")):
                 add("e-mail address of someone not listed as an author", m.group(0))
-        for m in _MENTION.finditer(line):
+        prose = "" if _DECORATOR_LINE.match(line) and not where.endswith(".md") else _INLINE_CODE.sub(" ", line)
+        for m in _MENTION.finditer(prose):
             if m.group(1).lower() not in authors:
                 add("@-mention of someone not listed as an author", "@" + m.group(1))
         lowered = line.lower()
