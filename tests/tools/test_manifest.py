@@ -122,3 +122,28 @@ def test_manifest_add_for_an_unknown_upstream_names_the_known_ones(lane: Lane) -
     assert result.code == 1
     assert "unknown upstream 'nope'" in result.err and "fakeup" in result.err
     assert not (lane.root / "patches" / "manifest.toml").exists()
+
+
+def test_merge_appends_only_the_records_this_manifest_lacks(lane: Lane, tmp_path) -> None:
+    import shutil
+
+    args = ("manifest", "add", "--what", "pack:02-x", "-u", "fakeup", "--command", "c", "--exit-code", "0",
+            "--host-line", "host: gpu=NVIDIA H100 80GB HBM3 (sm 9.0) driver=580 python=3.12.3 torch=2.11 triton=3.6.0 cuda=13.0")
+    assert lane.run(*args, "--sentinel", "FIX_VALIDATED").code == 0
+    remote = tmp_path / "remote.toml"
+    shutil.copy(lane.root / "patches" / "manifest.toml", remote)
+    remote_root = tmp_path / "remote-root"
+    (remote_root / "patches").mkdir(parents=True)
+    shutil.copy(remote, remote_root / "patches" / "manifest.toml")
+    other = Lane(remote_root, lane.cache, lane.fake)
+    (remote_root / "third_party").mkdir()
+    shutil.copy(lane.root / "third_party" / "upstreams.toml", remote_root / "third_party" / "upstreams.toml")
+    assert other.run(*args, "--sentinel", "BUG_REPRODUCED").code == 0
+
+    first = lane.run("manifest", "merge", str(remote_root / "patches" / "manifest.toml"))
+    again = lane.run("manifest", "merge", str(remote_root / "patches" / "manifest.toml"))
+
+    assert first.code == 0 and "1 record(s)" in first.out
+    assert again.code == 0 and "0 record(s)" in again.out
+    listed = lane.run("manifest", "list").out
+    assert "FIX_VALIDATED" in listed and "BUG_REPRODUCED" in listed

@@ -280,7 +280,7 @@ def test_export_writes_the_bundle_only_when_preflight_passes(packed: Lane, tmp_p
 
 def test_waves_propose_ready_packs_and_pause_after_a_filing(packed: Lane) -> None:
     before = packs(packed, "waves")
-    assert f"not ready: {PACK} (crash-fix) - reproducer passed recently (manifest)" in before.out
+    assert f"not ready: {PACK} (crash-fix): fails reproducer passed recently (manifest)" in before.out
 
     assert packs(packed, "run", PACK).code == 0
     ready = packs(packed, "waves")

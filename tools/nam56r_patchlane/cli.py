@@ -13,7 +13,7 @@ from .check import run_check
 from .errors import PatchlaneError
 from .gittree import UpstreamTree, is_git_tree
 from .lock import Lock, load_lock
-from .manifest import Record, append_record, host_stamp, now_utc, parse_host_line, patch_checksum, read_records
+from .manifest import Record, append_record, host_stamp, merge_records, now_utc, parse_host_line, patch_checksum, read_records
 from .patchfile import CATEGORIES
 from .rebase import run_rebase
 from .series import read_series
@@ -205,6 +205,12 @@ def cmd_manifest_add(args, lock: Lock) -> int:
     return 0
 
 
+def cmd_manifest_merge(args, lock: Lock) -> int:
+    added = merge_records(args.root, args.file)
+    print(f"{added} record(s) from {args.file} appended to {args.root / 'patches' / 'manifest.toml'}")
+    return 0
+
+
 def cmd_manifest_list(args, lock: Lock) -> int:
     rows = [[r["date"], r["what"], r["host"]["gpu"], str(r["exit_code"]), " ".join(r["sentinels"])] for r in read_records(args.root)]
     print(format_table(["date", "what", "gpu", "exit", "sentinels"], rows) if rows else "(no records)")
@@ -308,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--sentinel", action="append")
     m.add_argument("--figures")
     m.add_argument("--host-line", help="the reproducer's first output line, when it ran on another host (e.g. the GPU node)")
+    m = msub.add_parser("merge", help="append the records of another copy of the manifest (e.g. from a GPU node) not yet here",
+                        parents=[common])
+    m.set_defaults(func=cmd_manifest_merge)
+    m.add_argument("file", type=Path, help="the other manifest.toml")
     return parser
 
 

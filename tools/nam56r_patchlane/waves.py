@@ -35,6 +35,7 @@ class RepoWave:
     proposed: tuple[Candidate, ...]
     waiting: tuple[Candidate, ...]  # ready but beyond this wave's size
     blocked: tuple[Candidate, ...]
+    guards: tuple[Pack, ...]  # never filed
 
 
 def _priority(pack: Pack) -> tuple[int, str]:
@@ -55,12 +56,12 @@ def plan_waves(root: Path, lock: Lock, today: dt.date, pause_days: int, max_age_
         candidates = []
         for pack in sorted((p for p in group if not p.is_guard and not p.filing.filed_on), key=_priority):
             failed = [i for i in run_preflight(pack, root, lock, today, max_age_days, python, with_approval=False) if not i.ok]
-            blocker = f"{failed[0].name}: {failed[0].problems[0].splitlines()[0]}" if failed else ""
+            blocker = "; ".join(i.name for i in failed)
             candidates.append(Candidate(pack, not failed, blocker))
         ready = [c for c in candidates if c.ready]
         proposed = () if paused else tuple(ready[:MAX_PER_WAVE])
         waves.append(RepoWave(target, last, paused, proposed, tuple(ready[len(proposed):]),
-                              tuple(c for c in candidates if not c.ready)))
+                              tuple(c for c in candidates if not c.ready), tuple(p for p in group if p.is_guard)))
     return waves
 
 
@@ -79,10 +80,12 @@ def render_waves(waves: list[RepoWave], today: dt.date, pause_days: int) -> str:
                 approved = f"approved by {c.pack.filing.approved_by}" if c.pack.filing.approved_by else "needs approval"
                 lines.append(f"    {c.pack.id:<34} {c.pack.wave:<10} {c.pack.kind:<8} {approved}")
         else:
-            lines.append("  next wave: none ready")
+            lines.append("  next wave: none ready" if wave.blocked or not wave.guards else "  nothing to file")
         for c in wave.waiting:
             lines.append(f"  later: {c.pack.id} ({c.pack.wave}, ready)")
         for c in wave.blocked:
-            lines.append(f"  not ready: {c.pack.id} ({c.pack.wave}) - {c.blocker}")
+            lines.append(f"  not ready: {c.pack.id} ({c.pack.wave}): fails {c.blocker}")
+        if wave.guards:
+            lines.append(f"  regression guards (never filed): {', '.join(p.id for p in wave.guards)}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -8,10 +8,18 @@ TransformerEngine is NOT used: a minimal torch.Tensor subclass stands in for TE'
 `dequantize()`, and a `__torch_dispatch__` that, like TE's fallback, runs any other op on the
 dequantized value). The TileLang SparseMLA kernel cannot run on a CPU host, so the tree's
 `tilelang_dsa.SparseMLA` is replaced by a recorder of what the kernel would receive. The script calls
-the TileLang adapter `dsa_tilelang_kernels.run_fused_absorbed_sparse_attention` with the stand-in as
-the query (head dim 576, v_channels 512, 16 heads, top-k 64), three times with a default config and
-once with `fp8_dot_product_attention=True`, capturing every log record; then once with plain bf16
-inputs and FP8 attention requested.
+the sparse MLA path with the stand-in as the query (head dim 576, v_channels 512, 16 heads, top-k 64),
+once with FP8 attention requested and three times without, capturing every log record; then once with
+plain bf16 inputs and FP8 attention requested.
+
+How the FP8 request reaches the path depends on what the tree's signatures accept (inspect.signature),
+so the same script runs on the released tree and on trees carrying other patches:
+  - the TileLang adapter `dsa_tilelang_kernels.run_fused_absorbed_sparse_attention` takes `config`:
+    it is called with an MLATransformerConfig (`fp8_dot_product_attention=True` or default);
+  - otherwise `ops.tilelang_dsa.fused_sparse_mla_absorbed` takes `fp8_attention`: it is called
+    directly with that flag;
+  - otherwise (the released core_v0.19.0): the adapter is called as released, without config; nothing
+    on this path can receive the FP8 request, so the "requested" call is the same as the default one.
 
 Prints, after the host stamp line:
   BUG_REPRODUCED  the wrapper passes the dtype check and reaches the kernel launch without a word,
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
 import platform
 import subprocess
@@ -74,6 +83,42 @@ def host_stamp(tree: Path) -> str:
 
 def tree_has_fix(tree: Path) -> bool:
     return any(s.startswith(FIX_SUBJECT) for s in git(tree, "log", "--format=%s", "upstream..HEAD").splitlines())
+
+
+def accepts(func: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def sparse_mla_entry(adapter: Any, tilelang_dsa: Any, make_config: Any) -> tuple[str, Any, bool]:
+    """Pick how this tree's sparse MLA path can be told that FP8 attention is requested.
+
+    Returns a description, ``call(query, key, topk_indices, fp8_requested)``, and whether the path
+    can receive the FP8 request at all.
+    """
+    args = (DIM**-0.5, V_CHANNELS)
+    if accepts(adapter.run_fused_absorbed_sparse_attention, "config"):
+        def via_config(q: Any, k: Any, idx: Any, fp8: bool) -> Any:
+            cfg = make_config(fp8_dot_product_attention=True) if fp8 else make_config()
+            return adapter.run_fused_absorbed_sparse_attention(q, k, idx, *args, config=cfg)
+
+        return ("dsa_tilelang_kernels.run_fused_absorbed_sparse_attention(..., config=MLATransformerConfig(...));"
+                " FP8 attention requested as config.fp8_dot_product_attention=True"), via_config, True
+    if accepts(tilelang_dsa.fused_sparse_mla_absorbed, "fp8_attention"):
+        def via_flag(q: Any, k: Any, idx: Any, fp8: bool) -> Any:
+            return tilelang_dsa.fused_sparse_mla_absorbed(q, k, idx, *args, fp8_attention=fp8)
+
+        return ("ops.tilelang_dsa.fused_sparse_mla_absorbed(..., fp8_attention=...) (the adapter takes no config);"
+                " FP8 attention requested as fp8_attention=True"), via_flag, True
+
+    def as_released(q: Any, k: Any, idx: Any, fp8: bool) -> Any:
+        return adapter.run_fused_absorbed_sparse_attention(q, k, idx, *args)
+
+    return ("dsa_tilelang_kernels.run_fused_absorbed_sparse_attention(...) as released: neither it (no config) nor"
+            " fused_sparse_mla_absorbed (no fp8_attention) can receive an FP8 attention request, so the"
+            " 'requested' calls below are the same as the default ones"), as_released, False
 
 
 def stand_in_float8_class() -> type:
@@ -155,6 +200,9 @@ def main() -> int:
     def config(**fp8: bool) -> Any:
         return MLATransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=HEADS, kv_lora_rank=V_CHANNELS, **fp8)
 
+    entry, call, fp8_reachable = sparse_mla_entry(adapter, tilelang_dsa, config)
+    print(f"entry: {entry}")
+
     stand_in = stand_in_float8_class()
     gen = torch.Generator().manual_seed(5)
     query = stand_in(torch.randn(SQ, B, HEADS, DIM, generator=gen))
@@ -163,8 +211,8 @@ def main() -> int:
     print(f"query: {type(query).__name__}, .dtype {query.dtype}, payload _data {query._data.dtype}; key: plain bf16;"
           f" head dim {DIM}, v_channels {V_CHANNELS}, {HEADS} heads, top-k {TOPK}")
 
-    def run(q: Any, cfg: Any) -> Any:
-        return adapter.run_fused_absorbed_sparse_attention(q, key, topk_indices, DIM**-0.5, V_CHANNELS, config=cfg)
+    def run(q: Any, fp8_requested: bool) -> Any:
+        return call(q, key, topk_indices, fp8_requested)
 
     recorder = Recorder()
     root = logging.getLogger()
@@ -176,19 +224,19 @@ def main() -> int:
         kernel = tilelang_dsa.SparseMLA = RecordingSparseMLA()
         fp8_error = None
         try:
-            run(query, config(fp8_dot_product_attention=True))
+            run(query, True)
         except NotImplementedError as exc:
             fp8_error = str(exc)
         fp8_launches = len(kernel.calls)
         fp8_logs = recorder.take()
-        print(f"fp8_dot_product_attention=True: kernel launched {fp8_launches}x;"
+        print(f"FP8 attention requested: kernel launched {fp8_launches}x;"
               f" {'NotImplementedError: ' + fp8_error if fp8_error else 'no error'}; log records: {fp8_logs or 'none'}")
 
         kernel = tilelang_dsa.SparseMLA = RecordingSparseMLA()
-        outputs = [run(query, config()) for _ in range(CALLS)]
+        outputs = [run(query, False) for _ in range(CALLS)]
         default_logs = recorder.take()
         received = {type(q).__name__ for q, _ in kernel.calls}
-        print(f"default config, {CALLS} calls: kernel launched {len(kernel.calls)}x, received query as {sorted(received)};"
+        print(f"FP8 attention not requested, {CALLS} calls: kernel launched {len(kernel.calls)}x, received query as {sorted(received)};"
               f" log records: {len(default_logs)}")
         for line in default_logs:
             print(f"  {line}")
@@ -199,18 +247,20 @@ def main() -> int:
 
         kernel = tilelang_dsa.SparseMLA = RecordingSparseMLA()
         plain = query.dequantize()
-        run(plain, config(fp8_dot_product_attention=True))
+        run(plain, True)
         plain_logs = recorder.take()
         plain_ok = len(kernel.calls) == 1 and torch.equal(kernel.calls[0][0], plain.permute(1, 0, 2, 3)) and not plain_logs
-        print(f"plain bf16 query, fp8_dot_product_attention=True: kernel launched {len(kernel.calls)}x,"
+        print(f"plain bf16 query, FP8 attention requested: kernel launched {len(kernel.calls)}x,"
               f" log records: {plain_logs or 'none'}")
     finally:
         tilelang_dsa.SparseMLA = original_kernel
         root.removeHandler(recorder)
 
     if fp8_error is None and fp8_launches == 1 and not fp8_logs:
+        fp8_note = ("even with FP8 attention requested" if fp8_reachable
+                    else "and no FP8 attention request can reach this path on this tree")
         print("BUG_REPRODUCED: the quantized stand-in passed the bf16 dtype check and reached the SparseMLA launch"
-              " silently, even with FP8 attention requested (its FP8 storage dropped by the wrapper's fallback);"
+              f" silently, {fp8_note} (its FP8 storage dropped by the wrapper's fallback);"
               " TE stand-in only, the real TransformerEngine path was not exercised")
         return 1 if has_fix else 0
     cost_warned = (len(default_logs) == 1 and default_logs[0].startswith("WARNING")
