@@ -28,7 +28,9 @@ Prints, after the host stamp line:
                   --reference that follows on a GPU host is informational on this side
   FIX_VALIDATED   --tree computes it once, and its gradients equal --reference's (as above)
   MISMATCH        --tree computes it once but its gradients differ from --reference's
-With `--reference` the same tree (or commit) as `--tree`, the comparison is a cross-process
+On the patched side --reference must be the unpatched tree (static count 3), or the run stops with
+an error. On the unpatched side it may be any tree; given the same tree (or commit) as --tree, as
+`packs run` does with `args = ["--reference", "{base}"]`, the comparison is a cross-process
 run-to-run check of that one tree and is labelled so.
 Proves: the patched kernel gives the same gradients as the unpatched one at this shape and
 configuration (dense input, no varlen, one autotuner configuration). Does not prove: equality under
@@ -229,6 +231,10 @@ def main() -> int:
         print(f"BUG_REPRODUCED: {KERNEL} computes the masked V @ dO^T tile {count} times per chunk (static count)")
         sentinel_ok = not tree_has_fix
     elif count == COUNT_FIXED:
+        if ref_count != COUNT_BASE:
+            print(f"error: --reference must be the unpatched tree ({COUNT_BASE} calls) for the patched side's comparison;"
+                  f" it has {ref_count}")
+            return 1
         sentinel_ok = None  # decided by the gradient comparison
     else:
         print(f"error: expected {COUNT_BASE} (unpatched) or {COUNT_FIXED} (patched) calls, found {count}: the kernel changed")
