@@ -183,7 +183,7 @@ def header_fields(subject: str, category: str = "bugfix", **extra: str) -> list[
         ("Subject", subject),
         ("Pack", extra.pop("pack", "none")),
         ("Category", category),
-        ("Upstream-Status", extra.pop("upstream_status", "not-filed")),
+        ("Upstream-Status", extra.pop("upstream_status", "not-for-upstream: a test fixture")),
         ("Retire-When", extra.pop("retire_when", "upstream fixes it")),
         ("Reproducer", extra.pop("reproducer", "none")),
     ]

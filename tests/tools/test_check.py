@@ -57,7 +57,7 @@ def _bad_category(lane: Lane) -> None:
 
 
 def _bad_upstream_status(lane: Lane) -> None:
-    replace_in(lane, GOOD, "Upstream-Status: not-filed\n", "Upstream-Status: filed somewhere\n")
+    replace_in(lane, GOOD, "Upstream-Status: not-for-upstream: a test fixture\n", "Upstream-Status: filed somewhere\n")
 
 
 def _missing_file(lane: Lane) -> None:

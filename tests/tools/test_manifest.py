@@ -57,7 +57,9 @@ def test_manifest_add_appends_a_valid_stamped_record_and_keeps_earlier_ones(lane
 
     # A header-only edit (the patch got filed upstream) keeps the checksum of what was validated.
     patch = lane.patches / "0001-core-scale.patch"
-    patch.write_text(patch.read_text().replace("Upstream-Status: not-filed", "Upstream-Status: filed https://example.invalid/pr/1"))
+    before = patch.read_text()
+    patch.write_text(before.replace("Upstream-Status: not-for-upstream: a test fixture", "Upstream-Status: filed https://example.invalid/pr/1"))
+    assert patch.read_text() != before
     add(lane, bare_python, "--exit-code", "3", "--sentinel", 'quote " and \\ backslash')
     text = manifest.read_text()
     both = records(lane)

@@ -127,7 +127,7 @@ def set_header(lane: Lane, name: str, field: str, value: str) -> None:
 
 @pytest.fixture
 def packed(built: Lane) -> Lane:
-    """The built lane with a pack for 0002 (0001 and 0003 declared not-for-upstream), rebuilt to match."""
+    """The built lane with a pack for 0002 (0001 and 0003 stay not-for-upstream), rebuilt to match."""
     folder = built.root / "patches" / "packs" / PACK
     folder.mkdir(parents=True)
     (folder / "pack.toml").write_text(pack_toml())
@@ -135,8 +135,7 @@ def packed(built: Lane) -> Lane:
     (folder / "repro.py").write_text(REPRO)
     set_header(built, PATCH, "Pack", PACK)
     set_header(built, PATCH, "Reproducer", f"patches/packs/{PACK}/repro.py")
-    for name in ("0001-core-scale.patch", "0003-io-encoding.patch"):
-        set_header(built, name, "Upstream-Status", "not-for-upstream: a test fixture")
+    set_header(built, PATCH, "Upstream-Status", "not-filed")
     result = built.build()
     assert result.code == 0, result.text
     return built

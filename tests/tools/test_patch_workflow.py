@@ -12,6 +12,7 @@ MEAN = '\n\ndef mean(items):\n    """Arithmetic mean of items."""\n    return su
 NEW_ARGS = (
     "new", "add-mean", "-u", "fakeup", "--subject", "Add mean() for the loss logger", "--category", "integration",
     "--retire-when", "never: a local helper", "--why", "The NAM56R loss logger averages with it.",
+    "--upstream-status", "not-for-upstream: a test fixture",  # check requires a pack or this reason
 )
 ALL = ["0001-core-scale.patch", "0002-util-guard.patch", "0003-io-encoding.patch"]
 
@@ -99,7 +100,7 @@ def test_export_after_a_fresh_apply_is_byte_identical(built: Lane) -> None:
 def test_export_turns_a_hand_made_commit_into_a_patch(built: Lane) -> None:
     with (built.tree / "fakeup/util.py").open("a") as handle:
         handle.write(MEAN)
-    message = "Add mean() for the loss logger\n\nPack: none\nCategory: integration\nUpstream-Status: not-filed\n" \
+    message = "Add mean() for the loss logger\n\nPack: none\nCategory: integration\nUpstream-Status: not-for-upstream: a test fixture\n" \
               "Retire-When: never\nReproducer: none\n\nThe loss logger averages with it.\n"
     built.git("commit", "--quiet", "-a", "--cleanup=verbatim", "-m", message)
 
@@ -165,7 +166,7 @@ def test_import_of_an_outside_patch_lands_canonical_and_numbered(built: Lane, tm
     diff = diff_for(files, [("fakeup/util.py", "    return list(zip(items, items[1:]))\n",
                              "    return list(zip(items[:-1], items[1:]))\n")], "-U5")
     assert re.search(r"^index [0-9a-f]{7,12}\.\.[0-9a-f]{7,12} ", diff, re.M)
-    header = "Subject: Spell out pairs()\nPack: none\nCategory: bugfix\nUpstream-Status: not-filed\n" \
+    header = "Subject: Spell out pairs()\nPack: none\nCategory: bugfix\nUpstream-Status: not-for-upstream: a test fixture\n" \
              "Retire-When: upstream takes it\nReproducer: none\n"
     outside = tmp_path / "0042-spell-out-pairs.patch"
     outside.write_text(f"{header}\nClearer.\n---\n{diff}")

@@ -186,7 +186,11 @@ def pack_problems(pack: Pack, root: Path, lock: Lock) -> list[str]:
                 problems.append(f"{where}: patch {name} is not in patches/{pack.upstream}/series")
                 continue
             order.append(listed.index(name))
-            patch = read_patch(root / "patches" / pack.upstream / name)
+            try:
+                patch = read_patch(root / "patches" / pack.upstream / name)
+            except (OSError, PatchlaneError) as exc:
+                problems.append(f"{where}: {exc}")
+                continue
             if patch.get("Pack") != pack.id:
                 problems.append(f"{where}: patches/{pack.upstream}/{name} says Pack: {patch.get('Pack')}, not {pack.id}")
         if order != sorted(order):
@@ -203,9 +207,10 @@ def coverage_problems(root: Path, lock: Lock) -> list[str]:
     for upstream in lock.upstreams:
         series = read_series(root / "patches", upstream.name)
         for entry in series.entries:
-            if not entry.path.is_file():
-                continue
-            patch = read_patch(entry.path)
+            try:
+                patch = read_patch(entry.path)
+            except (OSError, PatchlaneError):
+                continue  # missing or unreadable: check_upstream reports it
             where = f"patches/{upstream.name}/{entry.path.name}"
             pack_id, status = patch.get("Pack") or "none", patch.get("Upstream-Status") or ""
             if pack_id == "none":

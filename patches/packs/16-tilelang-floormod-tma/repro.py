@@ -26,7 +26,9 @@ nvcc; target from the GPU). On a host without CUDA (or with --lower-only) each i
 factory's pass configs: every TIR pass, layout inference included, and CUDA source generation, but
 no nvcc and no kernel load. Layout inference, where the reported FloorMod arises, is a host-side
 pass, so this needs no GPU. When a TMA-on build fails, the release's own configuration (TMA off)
-is built once at the first shape as a control. TileLang's kernel cache is off for the run.
+is built once at the first shape as a control. TileLang's kernel cache is off for the run. The
+z3-solver wheel's libz3 is preloaded before tilelang is imported (see preload_z3: from a tree,
+libtvm.so would otherwise resolve libz3 from the system search path); the libz3 mapped is printed.
 
 Prints, after the host stamp line:
   BUG_REPRODUCED   a build raised with "FloorMod" / "divide by zero" in the message (first lines shown)
@@ -45,8 +47,11 @@ range); 1 otherwise (BUG_REPRODUCED on >= 0.1.12 is a regression of the fix).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import importlib
+import importlib.metadata
+import importlib.util
 import os
 import platform
 import re
@@ -88,10 +93,35 @@ def host_stamp(tree: Path, mamba_tree: Path, tilelang: types.ModuleType | None) 
         origin = Path(tilelang.__file__).resolve().parent.parent
         where = "tree" if origin == tree else str(origin)
         imported = f"tilelang={tilelang.__version__} imported_from={where}"
+    try:
+        imported += f" installed={importlib.metadata.version('tilelang')}"  # a tilelang distribution in this environment
+    except importlib.metadata.PackageNotFoundError:
+        imported += " installed=none"
     return (f"host: gpu={gpu}{f' (sm {cap})' if cap else ''} driver={driver or '-'} python={platform.python_version()}"
             f" torch={torch.__version__} triton={triton.__version__} cuda={torch.version.cuda or '-'}"
             f" upstream=tilelang base={git_head(tree, 'upstream')} tree={git_head(tree)} {imported}"
             f" mamba={git_head(mamba_tree)}")
+
+
+def preload_z3() -> str:
+    """libtvm.so needs libz3.so through the RUNPATH $ORIGIN/../../z3/lib, which holds only in a site-packages
+    install; imported from a tree it falls back to the system search path (a system libz3 made lowering 10x
+    slower on our CPU host). The z3-solver wheel's library, loaded RTLD_GLOBAL first, is the one its symbols
+    then bind to."""
+    spec = importlib.util.find_spec("z3")
+    lib = Path(spec.origin).parent / "lib" / "libz3.so" if spec and spec.origin else None
+    if lib is None or not lib.exists():
+        return "z3-solver's libz3.so not found: libtvm.so resolves libz3.so from the system search path"
+    ctypes.CDLL(str(lib), mode=os.RTLD_GLOBAL)
+    return f"preloaded {lib}"
+
+
+def mapped_z3() -> list[str]:
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    return sorted({line.split()[-1] for line in maps.splitlines() if "libz3" in line})
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -154,6 +184,7 @@ def main() -> int:
     os.environ.setdefault("TILELANG_DISABLE_CACHE", "1")  # every build below is a real build
     sys.path.insert(0, str(tree))
     sys.path.insert(1, str(mamba_tree))
+    z3_note = preload_z3()
     try:
         tilelang = importlib.import_module("tilelang")
         import_error = None
@@ -163,6 +194,7 @@ def main() -> int:
     if tilelang is None:
         print(f"OTHER_FAILURE: tilelang does not import: {short(import_error)}")
         return 1
+    print(f"note: z3: {z3_note}; libz3 mapped: {', '.join(mapped_z3()) or '-'}")
     if Path(tilelang.__file__).resolve().parent.parent != tree:
         print(f"note: tilelang {tilelang.__version__} was imported from {tilelang.__file__}, not from --tree {tree}")
     import tilelang.language as T
