@@ -27,7 +27,7 @@ from .series import read_series
 
 EXIT_NEEDS_GPU = 3
 SIDES = ("base", "patched")
-_REPORTED = (*SENTINELS, "NEEDS_GPU")
+_REPORTED = (*SENTINELS, "NEEDS_GPU", "NOT_REPRODUCED", "OTHER_FAILURE")  # the last two: attempts that found something else
 
 
 @dataclass(frozen=True)

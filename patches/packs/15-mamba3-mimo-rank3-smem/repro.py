@@ -22,6 +22,7 @@ This guard checks that it stays so:
    backward accepts 1 < ngroups < nheads (our patch 0005, pack 13), and to 1 on the pinned release,
    whose backward raises "G value of 8 is not currently supported!" (pack 13's bug, not this
    guard's subject). `--varlen` adds the varlen kernels (two sequences packed in one row).
+   TileLang's kernel cache is off (TILELANG_DISABLE_CACHE=1 unless set), so every kernel is compiled.
 
 Prints, after the host stamp line:
   FIX_VALIDATED    TMA lowering is off in every MIMO kernel and the default path compiles and runs
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import os
 import platform
 import re
 import subprocess
@@ -204,6 +206,7 @@ def main() -> int:
     args = parser.parse_args()
     tree = args.tree.resolve()
     sys.path.insert(0, str(tree))
+    os.environ.setdefault("TILELANG_DISABLE_CACHE", "1")  # a real compile, not a kernel from TileLang's disk cache
     print(host_stamp(tree), flush=True)
 
     sites, rank3 = jit_sites(tree)

@@ -34,9 +34,11 @@ Prints, after the host stamp line:
   BUG_REPRODUCED   a build raised with "FloorMod" / "divide by zero" in the message (first lines shown)
   NOT_REPRODUCED   no build raised it; says exactly what was tried
   FIX_VALIDATED    with NOT_REPRODUCED, when every TMA-on build succeeded: the guard holds
-  OTHER_FAILURE    a TMA-on build failed with another error (on tilelang 0.1.8 the expected one is
-                   "Cannot detect TMA layout": the rank-3 shared buffers stop TMA lowering before
-                   any FloorMod could arise)
+  OTHER_FAILURE    a TMA-on build failed with another error. On tilelang 0.1.8 all four fail with
+                   "Check failed: (shared_layout->InputDim() == 2) is false: Cannot detect TMA
+                   layout." (our CPU run): TMA copy lowering wants 2-D shared layouts and these
+                   kernels copy into 1-D and 3-D shared buffers (pack 15), so the build stops before
+                   a FloorMod could show; the TMA-off control builds
 Proves: whether these two kernels build with TMA lowering on, with this tilelang, at these shapes.
 Does not prove: anything at other shapes, the varlen kernels, kernel correctness or speed with TMA
 on, or (when not reproduced) that #2469 is fixed: only that this command does not trigger it.
@@ -262,8 +264,10 @@ def main() -> int:
     print(f"NOT_REPRODUCED: no FloorMod / divide-by-zero error on tilelang {version} ({how}) for: {what}")
     if other:
         label, exc = other[0]
-        hint = (" (the rank-3 shared buffers, pack 15: TMA lowering needs 2-D shared layouts, and stops there before"
-                " layout inference could hit the FloorMod)" if "Cannot detect TMA layout" in str(exc) else "")
+        hint = (" (this TileLang's TMA copy lowering needs a 2-D shared layout, and these kernels copy global memory"
+                " into 1-D shared buffers and 3-D shared buffers or views: [chunk_size], [chunk_size, R, R],"
+                " T.view(q_shared, [chunk_size, R, N]); the build stops there, so a FloorMod later in lowering"
+                " cannot show)" if "Cannot detect TMA layout" in str(exc) else "")
         print(f"OTHER_FAILURE: {len(other)} of {len(tried)} TMA-on builds fail with another error{hint}; first: {label}: {short(exc)}")
         return 1
     print(f"FIX_VALIDATED: TMA-lowered builds of both MIMO backward kernels succeed on tilelang {version}"
