@@ -7,6 +7,7 @@ import datetime as dt
 import sys
 from pathlib import Path
 
+from .cli import default_python
 from .errors import PatchlaneError
 from .lock import Lock, load_lock
 from .packfiling import approve, export_bundle, mark_filed
@@ -32,13 +33,6 @@ Typical flow:
 
 def _today(args) -> dt.date:
     return dt.date.fromisoformat(args.today) if args.today else dt.datetime.now(dt.UTC).date()
-
-
-def _python(args) -> str:
-    if args.python:
-        return args.python
-    venv = args.root / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
 
 
 def cmd_list(args, lock: Lock) -> int:
@@ -69,7 +63,7 @@ def cmd_run(args, lock: Lock) -> int:
         if problems:
             raise PatchlaneError(f"{pack.id}: pack.toml has problems:\n" + "\n".join(f"  {p}" for p in problems))
         sides = SIDES if args.side == "both" else (args.side,)
-        codes.append(run_pack(pack, args.root, lock, _python(args), sides, record=not args.no_record, timeout=args.timeout,
+        codes.append(run_pack(pack, args.root, lock, default_python(args), sides, record=not args.no_record, timeout=args.timeout,
                               keep=args.keep / pack.id if args.keep else None))
     return max(codes)
 
@@ -79,20 +73,20 @@ def cmd_preflight(args, lock: Lock) -> int:
     ids = [p.id for p in load_packs(args.root)] if args.all else args.ids
     for pack_id in ids:
         pack = get_pack(args.root, pack_id)
-        code = max(code, report(pack, run_preflight(pack, args.root, lock, _today(args), args.max_age_days, _python(args))))
+        code = max(code, report(pack, run_preflight(pack, args.root, lock, _today(args), args.max_age_days, default_python(args))))
     return code
 
 
 def cmd_waves(args, lock: Lock) -> int:
     today = _today(args)
-    waves = plan_waves(args.root, lock, today, args.pause_days, args.max_age_days, _python(args))
+    waves = plan_waves(args.root, lock, today, args.pause_days, args.max_age_days, default_python(args))
     print(render_waves(waves, today, args.pause_days), end="")
     return 0
 
 
 def cmd_approve(args, lock: Lock) -> int:
     pack = get_pack(args.root, args.id)
-    failed = [i for i in run_preflight(pack, args.root, lock, _today(args), args.max_age_days, _python(args), with_approval=False)
+    failed = [i for i in run_preflight(pack, args.root, lock, _today(args), args.max_age_days, default_python(args), with_approval=False)
               if not i.ok]
     if failed:
         report(pack, failed)
@@ -111,7 +105,7 @@ def cmd_filed(args, lock: Lock) -> int:
 
 def cmd_export(args, lock: Lock) -> int:
     pack = get_pack(args.root, args.id)
-    items = run_preflight(pack, args.root, lock, _today(args), args.max_age_days, _python(args), with_approval=not args.draft)
+    items = run_preflight(pack, args.root, lock, _today(args), args.max_age_days, default_python(args), with_approval=not args.draft)
     blocking = [i for i in items if not i.ok and (not args.draft or i.name.startswith(("no private", "pack.toml")))]
     if blocking:
         report(pack, items)
