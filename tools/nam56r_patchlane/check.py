@@ -26,10 +26,7 @@ def _fresh_base(root: Path, upstream: Upstream, cache_dir: Path, offline: bool, 
     dest = scratch / upstream.name
     if is_git_tree(source) and UpstreamTree(source).base_commit():
         tree = UpstreamTree(source)
-        tree.git("clone", "--quiet", "--shared", "--no-checkout", str(source), str(dest))
-        fresh = UpstreamTree(dest)
-        fresh.git("checkout", "--quiet", "-b", "check", tree.base_commit())
-        return fresh
+        return tree.shared_clone(dest, tree.base_commit(), "check")
     log(f"  {upstream.name}: not materialized; materializing its base in a scratch directory")
     return materialize_upstream(root, upstream, cache_dir, offline, python, log, dest=dest).tree
 

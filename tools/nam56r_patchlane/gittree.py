@@ -134,6 +134,13 @@ class UpstreamTree:
     def head(self) -> str:
         return self.repo.head.commit.hexsha
 
+    def shared_clone(self, dest: Path, commit: str, branch: str) -> UpstreamTree:
+        """A throwaway tree at `commit` on a new `branch`, sharing this tree's objects (nothing copied)."""
+        self.git("clone", "--quiet", "--shared", "--no-checkout", str(self.path), str(dest))
+        clone = UpstreamTree(dest)
+        clone.git("checkout", "--quiet", "-b", branch, commit)
+        return clone
+
     def has_commit(self, sha: str) -> bool:
         return self.git("cat-file", "-e", f"{sha}^{{commit}}", check=False).returncode == 0
 

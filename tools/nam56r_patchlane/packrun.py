@@ -74,12 +74,6 @@ def side_commits(pack: Pack, root: Path, lock: Lock) -> tuple[UpstreamTree, dict
     return tree, {"base": base, "patched": tree.head()}
 
 
-def make_side(tree: UpstreamTree, commit: str, dest: Path) -> Path:
-    tree.git("clone", "--quiet", "--shared", "--no-checkout", str(tree.path), str(dest))
-    UpstreamTree(dest).git("checkout", "--quiet", "-B", "side", commit)
-    return dest
-
-
 def _found_sentinels(output: str) -> tuple[str, ...]:
     found = []
     for line in output.splitlines():
@@ -156,7 +150,7 @@ def run_pack(pack: Pack, root: Path, lock: Lock, python: str = sys.executable, s
     tree, commits = side_commits(pack, root, lock)
     scratch = Path(tempfile.mkdtemp(prefix=f"pack-{pack.id}-")) if keep is None else keep
     try:
-        trees = {side: make_side(tree, commits[side], scratch / side) for side in SIDES}
+        trees = {side: tree.shared_clone(scratch / side, commits[side], "side").path for side in SIDES}
         log(f"{pack.id}: base {commits['base'][:12]}, patched {commits['patched'][:12]} ({pack.upstream}); trees in {scratch}")
         results = [run_side(pack, side, trees, python, timeout, log) for side in sides]
     finally:

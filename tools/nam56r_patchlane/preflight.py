@@ -22,12 +22,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gittree import UpstreamTree
 from .lock import Lock
 from .manifest import read_records
 from .mdcheck import markdown_problems
 from .packrecords import manifest_excerpt, passing_records
-from .packrun import make_side, side_commits
+from .packrun import side_commits
 from .packs import Pack, pack_checksum, pack_problems
 from .patchfile import read_patch
 from .scrub import added_lines, load_config, scan_text
@@ -142,7 +141,7 @@ def formatter_item(pack: Pack, root: Path, lock: Lock, python: str) -> Item:
     tree, commits = side_commits(pack, root, lock)
     problems = []
     with tempfile.TemporaryDirectory(prefix="pack-format-") as tmp:
-        side = UpstreamTree(make_side(tree, commits["patched"], Path(tmp) / "patched"))
+        side = tree.shared_clone(Path(tmp) / "patched", commits["patched"], "side")
         config = side.path / "pyproject.toml"  # the upstream's own black/isort settings, when it has them
         black_config = ["--config", str(config)] if config.is_file() else []
         isort_config = ["--settings-path", str(config)] if config.is_file() else []

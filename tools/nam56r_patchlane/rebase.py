@@ -40,10 +40,7 @@ def _scratch_base(root: Path, upstream: Upstream, ref: str, dest: Path, python: 
         tree = UpstreamTree(source)
         resolved = tree.git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).stdout.strip()
         if resolved:
-            tree.git("clone", "--quiet", "--shared", "--no-checkout", str(source), str(dest))
-            scratch = UpstreamTree(dest)
-            scratch.git("checkout", "--quiet", "-b", "rebase", resolved)
-            return scratch, f"git {ref} ({resolved[:12]})"
+            return tree.shared_clone(dest, resolved, "rebase"), f"git {ref} ({resolved[:12]})"
     log(f"  {ref!r} is not a commit in {source}; fetching {upstream.pypi}=={ref} through pip")
     with tempfile.TemporaryDirectory() as tmp:
         pip_download(python, f"{upstream.pypi}=={ref}", upstream.install == "wheel", Path(tmp), upstream)
