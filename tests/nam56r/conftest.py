@@ -1,0 +1,30 @@
+"""Fixtures for the model tests: they build NAM56R on the patched Megatron installed in this
+environment (`nox -s build`), on the meta device or, for the tiny preset, on CPU."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def megatron_built() -> None:
+    if not (ROOT / "third_party" / "megatron-lm" / ".git").exists():
+        pytest.skip("third_party/megatron-lm is not materialized: run `nox -s build`")
+    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|absl).*")
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_model(megatron_built):
+    """nam56r-tiny with real CPU tensors (IndexCache on: 1 Full + 2 Shared DSA layers)."""
+    import torch
+
+    from nam56r.model import build_model
+    from nam56r.presets import get_preset
+
+    torch.manual_seed(0)
+    return build_model(get_preset("nam56r-tiny"), "local", device="cpu")
