@@ -40,6 +40,9 @@ class DSAConfig:
     # Hadamard rotation of indexer q/k exists for FP8 indexer scores; NAM56R's indexer is bf16 (the
     # original measured its FP8 indexer as a net loss), and the rotation needs fast_hadamard_transform.
     rotate_activation: bool = False
+    # Fused TileLang indexer / sparse MLA on GPU builds, with declines made errors (Megatron patch
+    # 0004's dsa_strict_fused_paths): the unfused DSA path is never taken silently.
+    kernel_backend: Literal["tilelang", "none"] = "tilelang"
 
 
 @dataclass(frozen=True)

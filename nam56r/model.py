@@ -179,7 +179,13 @@ def build_model(
     cache = TopkCache() if plan is not None else None
     mcfg = megatron_config(config, params_dtype=params_dtype, meta=device == "meta")
     if device == "cuda":
+        from nam56r.preflight import run_preflight
+
+        run_preflight(config).raise_if_failed()
         mcfg.use_cpu_initialization = False
+        # Set after construction: Megatron validates the backend against a visible CUDA device.
+        mcfg.dsa_kernel_backend = config.dsa.kernel_backend
+        mcfg.dsa_strict_fused_paths = config.dsa.kernel_backend != "none"
     else:
         # The all-to-all dispatcher opens a CUDA stream when built; dispatchers hold no parameters,
         # so shape-level builds use the all-gather one.

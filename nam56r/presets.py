@@ -59,11 +59,12 @@ def nam56r_tiny() -> ModelConfig:
         vocab_size=512,
         seq_length=64,
         pattern_repeats=1,
-        mla=MLAConfig(num_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_head_dim=16, qk_rope_head_dim=16, v_head_dim=16),
-        dsa=DSAConfig(indexer_heads=4, indexer_head_dim=16, topk=8),
+        # kv_lora + rope = 64: the TileLang sparse MLA takes power-of-two absorbed heads (patch 0006).
+        mla=MLAConfig(num_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_head_dim=32, qk_rope_head_dim=32, v_head_dim=32),
+        dsa=DSAConfig(indexer_heads=4, indexer_head_dim=64, topk=16),
         index_cache=IndexCacheConfig(enabled=True, share_group=3),
         moe=MoEConfig(num_experts=4, topk=2, expert_ffn=32, shared_expert_ffn=48),
-        mamba=Mamba3Config(mimo_rank=2, d_state=16, head_dim=16, ngroups=2),
+        mamba=Mamba3Config(d_state=32, head_dim=32, ngroups=2),
         mtp=MTPConfig(depths=1, dense_ffn=256),
         ngram=NgramHashConfig(heads=2, table_size=1000, embed_dim=8),
     ).validate()
