@@ -82,22 +82,15 @@ def component_of(name: str, layout: LayerLayout) -> str:
     raise ValueError(f"parameter {name!r} belongs to no known NAM56R component; extend nam56r.params.component_of")
 
 
-def _layer_count(component: str, layout: LayerLayout) -> int:
-    counts = layout.counts()
-    by_component = {
-        "mla attention": counts.get(LayerKind.MLA, 0),
-        "dsa attention": counts.get(LayerKind.DSA, 0),
-        "dsa indexer": counts.get(LayerKind.DSA, 0),
-        "moe routed experts": counts.get(LayerKind.MOE, 0),
-        "moe shared expert": counts.get(LayerKind.MOE, 0),
-        "moe router": counts.get(LayerKind.MOE, 0),
-        "moe norm": counts.get(LayerKind.MOE, 0),
-        "mamba3": counts.get(LayerKind.MAMBA3, 0),
-        "mtp attention (mla)": counts.get(LayerKind.MTP_ATTENTION, 0),
-        "mtp dense mlp": counts.get(LayerKind.MLP, 0),
-        "mtp projection + norms": layout.mtp_depths,
-    }
-    return by_component.get(component, 0)
+def _layer_key(name: str) -> tuple[str, ...] | None:
+    """Which layer a parameter lives in: a main-decoder layer or an MTP depth (None: not a layer)."""
+    if match := _MTP_LAYER.match(name):
+        return ("mtp", match.group(1), match.group(2))
+    if match := re.match(r"^mtp\.layers\.(\d+)\.", name):
+        return ("mtp", match.group(1))
+    if match := _LAYER.match(name):
+        return ("decoder", match.group(1))
+    return None
 
 
 def count_parameters(config: ModelConfig, backend: str = "local") -> ParamCounts:
@@ -108,15 +101,18 @@ def count_parameters(config: ModelConfig, backend: str = "local") -> ParamCounts
     layout = built.layout
     counts = ParamCounts(preset=config.name)
     rows: dict[str, int] = defaultdict(int)
+    layers_of: dict[str, set[tuple[str, ...]]] = defaultdict(set)
     shared_indexers = 0
     shared_layers = set(built.index_cache_plan.shared_layers) if built.index_cache_plan else set()
     for name, param in built.model.named_parameters():
         component = component_of(name, layout)
         rows[component] += param.numel()
+        if (layer := _layer_key(name)) is not None:
+            layers_of[component].add(layer)
         if component == "dsa indexer" and int(_LAYER.match(name).group(1)) + 1 in shared_layers:
             shared_indexers += param.numel()
     counts.rows = dict(rows)
-    counts.layers = {component: _layer_count(component, layout) for component in rows}
+    counts.layers = {component: len(layers_of[component]) for component in rows}
     counts.total = sum(rows.values())
     idle_fraction = (config.moe.num_experts - config.moe.topk) / config.moe.num_experts
     idle_experts = round(rows.get("moe routed experts", 0) * idle_fraction)

@@ -117,12 +117,13 @@ def _importable(module: str, attribute: str | None = None) -> str | None:
 def run_preflight(config: ModelConfig, *, root: Path = ROOT, require_gpu: bool = True) -> PreflightReport:
     report = PreflightReport()
     for upstream in ("megatron-lm", "mamba", "liger-kernel"):
-        if not _series(root, upstream):
+        series = _series(root, upstream)
+        if not series:
             continue
         problems = series_problems(root, upstream)
         if upstream in PATCHED_IMPORTS and (where := _import_location_problem(root, upstream)):
             problems.append(where)
-        applied = f"{len(_series(root, upstream))} patches applied, checksums match"
+        applied = f"{len(series)} patches applied, checksums match"
         report.add(f"patches {upstream}", not problems, "; ".join(problems) or applied)
 
     fused = {

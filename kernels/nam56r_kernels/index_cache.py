@@ -60,7 +60,6 @@ class IndexCachePlan:
 
 @dataclass
 class _Entry:
-    generation: int
     topk: torch.Tensor
     topk_length: torch.Tensor | None
     rows: int
@@ -82,7 +81,7 @@ class TopkCache:
     def store(self, layer: int, topk: torch.Tensor, topk_length: torch.Tensor | None, *, rows: int, batch: int) -> None:
         if self.generation == 0:
             raise RuntimeError("TopkCache.store before begin_forward(): the model's forward must start each pass")
-        self._entries[layer] = _Entry(self.generation, topk, topk_length, rows, batch)
+        self._entries[layer] = _Entry(topk, topk_length, rows, batch)
 
     def lookup(
         self, source: int, *, rows: int, batch: int, device: torch.device
@@ -94,8 +93,6 @@ class TopkCache:
         entry = self._entries.get(source)
         if entry is None:
             return None, f"layer {source} stored no top-k in this forward pass (forward {self.generation})"
-        if entry.generation != self.generation:
-            return None, f"layer {source}'s top-k is from forward {entry.generation}, this is forward {self.generation}"
         if (entry.rows, entry.batch) != (rows, batch):
             return None, f"layer {source}'s top-k covers rows={entry.rows} batch={entry.batch}, this layer has rows={rows} batch={batch}"
         if entry.topk.device != device:
