@@ -2,6 +2,8 @@
 
   nox -s build              materialize + patch + install the pinned upstreams into .venv
   nox -s tests              build, then the CPU test suite in that same environment
+  nox -s data -- ARGS       build the default C/C++ training corpus (python -m nam56r.data build ARGS)
+  nox -s train -- ARGS      train (python -m nam56r.train ARGS), e.g. `-- --recipe proxy-1gpu --dry-run`
   nox -s lint               ruff
   nox -s patches -- CMD     the patch-lane CLI (tools/apply_patches.py CMD), e.g. `-- status`, `-- check`
   nox -s packs -- CMD       the filing-pack CLI (tools/packs.py CMD), e.g. `-- list`, `-- run ID`, `-- waves`
@@ -14,6 +16,7 @@ Pass build options after `--`: `nox -s build -- --profile cpu --cache DIR --offl
 from __future__ import annotations
 
 import subprocess
+import tomllib
 from pathlib import Path
 
 import nox
@@ -25,6 +28,9 @@ TOOL = str(ROOT / "tools" / "apply_patches.py")
 TOOL_REQUIREMENTS = ["gitpython>=3.1.40"]
 # Megatron-LM's pyproject requires black 26; `packs preflight` runs it (and isort) on our changed lines.
 FORMATTERS = ["black==26.10.1", "isort==6.1.0"]
+
+# The training extras, read from pyproject.toml so the list lives in one place.
+TRAIN_REQUIREMENTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
 
 nox.options.sessions = ["build"]
 nox.options.reuse_venv = "yes"
@@ -51,12 +57,32 @@ def _project_installed() -> bool:
     return proc.returncode == 0 and proc.stdout.strip() == ROOT.as_uri()
 
 
+def _venv_install(session: nox.Session, *requirements: str) -> None:
+    session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements, external=True)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Build (a no-op when up to date), then run the CPU test suite in .venv."""
     build(session)
-    session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "pytest>=8", *FORMATTERS, external=True)
+    _venv_install(session, "pytest>=8", *FORMATTERS, *TRAIN_REQUIREMENTS)
     session.run(str(VENV_PYTHON), "-m", "pytest", *(session.posargs or ["-q"]), external=True)
+
+
+@nox.session
+def data(session: nox.Session) -> None:
+    """Build the default training corpus (PyTorch's C++ headers, byte-level BPE, Megatron .bin/.idx): `-- --help`."""
+    build(session)
+    _venv_install(session, *TRAIN_REQUIREMENTS)
+    session.run(str(VENV_PYTHON), "-m", "nam56r.data", *(session.posargs or ["build"]), external=True)
+
+
+@nox.session
+def train(session: nox.Session) -> None:
+    """Train NAM56R: `-- --recipe NAME [--dry-run] [overrides]` (`-- --help`, `-- --list`)."""
+    build(session)
+    _venv_install(session, *TRAIN_REQUIREMENTS)
+    session.run(str(VENV_PYTHON), "-m", "nam56r.train", *session.posargs, external=True)
 
 
 @nox.session

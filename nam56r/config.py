@@ -9,7 +9,7 @@ disagreed (two hidden sizes, a parameter figure quoted for the other width). Her
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
 Precision = Literal["bf16", "fp8-tensorwise"]
@@ -43,6 +43,10 @@ class DSAConfig:
     # Fused TileLang indexer / sparse MLA on GPU builds, with declines made errors (Megatron patch
     # 0004's dsa_strict_fused_paths): the unfused DSA path is never taken silently.
     kernel_backend: Literal["tilelang", "none"] = "tilelang"
+    # The indexer's KL target over its top-k keys only. The fused TileLang path has a kernel for
+    # this sparse loss and none for the dense one (over all causal keys), which under strict fused
+    # paths declines with an error; the dense loss would also cost more than the sparse attention.
+    sparse_indexer_loss: bool = True
 
 
 @dataclass(frozen=True)
@@ -172,3 +176,33 @@ class ModelConfig:
         if problems:
             raise ValueError(f"config {self.name!r}: " + "; ".join(problems))
         return self
+
+    def to_dict(self) -> dict:
+        """Plain data (JSON-safe) that `from_dict` turns back into an equal config."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelConfig:
+        """The inverse of `to_dict`; unknown keys raise (a config written by another version)."""
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}")
+        values = dict(data)
+        for name, sub in _NESTED.items():
+            if name in values:
+                extra = set(values[name]) - {f.name for f in fields(sub)}
+                if extra:
+                    raise ValueError(f"unknown {sub.__name__} fields {sorted(extra)}")
+                values[name] = sub(**{k: tuple(v) if isinstance(v, list) else v for k, v in values[name].items()})
+        return cls(**values).validate()
+
+
+_NESTED: dict[str, type] = {
+    "mla": MLAConfig,
+    "dsa": DSAConfig,
+    "index_cache": IndexCacheConfig,
+    "moe": MoEConfig,
+    "mamba": Mamba3Config,
+    "mtp": MTPConfig,
+    "ngram": NgramHashConfig,
+}

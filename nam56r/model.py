@@ -25,13 +25,24 @@ from nam56r.local_layers import parameter_device
 from nam56r.pattern import MEGATRON_SYMBOL, LayerKind, LayerLayout, layout_of
 from nam56r.specs import Backend, hybrid_stack_spec
 
+# Fields of `megatron_config_fields` that describe how a model runs, not what it is: the
+# training launcher takes these from Megatron's arguments (parallelism, precision, dispatcher).
+RUNTIME_FIELDS = frozenset(
+    {"params_dtype", "bf16", "fp8", "use_cpu_initialization", "perform_initialization", "moe_token_dispatcher_type", "moe_grouped_gemm"}
+)
+
 
 def megatron_config(config: ModelConfig, *, params_dtype: torch.dtype = torch.float32, meta: bool = False) -> MLATransformerConfig:
     """Megatron's config for `config`. `meta=True` allocates parameters without initializing them
     (for counting on the meta device)."""
+    return MLATransformerConfig(**megatron_config_fields(config, params_dtype=params_dtype, meta=meta))
+
+
+def megatron_config_fields(config: ModelConfig, *, params_dtype: torch.dtype = torch.float32, meta: bool = False) -> dict:
+    """The MLATransformerConfig fields NAM56R sets; every other field keeps Megatron's default."""
     layout = layout_of(config)
     mla, dsa, moe = config.mla, config.dsa, config.moe
-    return MLATransformerConfig(
+    return dict(
         num_layers=len(layout.main),
         hidden_size=config.hidden_size,
         num_attention_heads=mla.num_heads,
@@ -63,6 +74,7 @@ def megatron_config(config: ModelConfig, *, params_dtype: torch.dtype = torch.fl
         dsa_indexer_topk=dsa.topk,
         dsa_indexer_loss_coeff=dsa.indexer_loss_coeff,
         dsa_indexer_rotate_activation=dsa.rotate_activation,
+        dsa_indexer_use_sparse_loss=dsa.sparse_indexer_loss,
         # MoE
         num_moe_experts=moe.num_experts,
         moe_router_topk=moe.topk,
@@ -168,16 +180,24 @@ def build_model(
     device: str = "meta",
     params_dtype: torch.dtype = torch.float32,
     pg_collection: ProcessGroupCollection | None = None,
+    megatron_cfg: MLATransformerConfig | None = None,
+    pre_process: bool = True,
+    post_process: bool = True,
 ) -> BuiltModel:
     """Build NAM56R. device="meta": shapes only (parameter counting); "cuda": a trainable model on
-    the current GPU; "cpu": real (small) tensors, for tests of tiny presets."""
+    the current GPU; "cpu": real (small) tensors, for tests of tiny presets.
+
+    `megatron_cfg`: the training path's config, derived by Megatron from the launcher's flags (its
+    parallelism, precision and runtime fields); the caller has checked its architecture against
+    `config` (`nam56r.megatron_args.architecture_mismatches`). `pre_process`/`post_process`: this
+    pipeline stage holds the embedding / the output head."""
     if device not in ("meta", "cpu", "cuda"):
         raise ValueError(f"device must be 'meta', 'cpu' or 'cuda', got {device!r}")
     layout = layout_of(config)
     check_translation(layout)
     plan = index_cache_plan(config, layout)
     cache = TopkCache() if plan is not None else None
-    mcfg = megatron_config(config, params_dtype=params_dtype, meta=device == "meta")
+    mcfg = megatron_cfg if megatron_cfg is not None else megatron_config(config, params_dtype=params_dtype, meta=device == "meta")
     if device == "cuda":
         from nam56r.preflight import run_preflight
 
@@ -206,6 +226,8 @@ def build_model(
             rotary_base=int(config.rope_base),
             share_embeddings_and_output_weights=False,
             pg_collection=pg_collection,
+            pre_process=pre_process,
+            post_process=post_process,
         )
     if (plan is not None) != (topk_cache_for(model) is not None):
         raise RuntimeError("IndexCache plan and the model's DSA layers disagree (a DSA layer was not built from our spec)")

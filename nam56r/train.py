@@ -1,0 +1,304 @@
+"""Train NAM56R: a recipe, lowered to Megatron's flags, launched with torchrun.
+
+    python -m nam56r.train --recipe proxy-1gpu --dry-run     # print everything, start nothing (any machine)
+    python -m nam56r.train --recipe proxy-1gpu               # one GPU, default data
+    python -m nam56r.train --recipe h200x8-bf16 --steps 2000 --save /ckpt/run1
+    python -m nam56r.train --recipe h200x8-bf16 --load /ckpt/run1 --save /ckpt/run1   # resume
+    python -m nam56r.train --recipe h200x8-bf16 --nodes 4 --slurm-script job.sbatch    # several nodes
+
+Before launching it checks the recipe (`nam56r.recipe`), has Megatron's own parser validate every
+flag and derive the model config (which must match ours), and runs the preflight (patches applied
+and unmodified, fused kernels importable, a Hopper GPU). Without `--data` it trains on the default
+C/C++ corpus (`python -m nam56r.data build`), built on first use. Runs write to `--run-dir`
+(default `runs/<recipe>-<time>`): the command, the model config, per-rank logs, TensorBoard
+events, and at the end `metrics.jsonl`, `summary.json` and `loss_throughput.png`. Checkpoints are
+never deleted; a `--save` directory that already holds a checkpoint is refused unless it is also
+`--load` (a resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nam56r.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
+from nam56r.megatron_args import (
+    DataPaths,
+    RunPaths,
+    architecture_mismatches,
+    lower,
+    megatron_validate,
+    refused_flags,
+    transformer_config_from_args,
+)
+from nam56r.recipe import RECIPES, Recipe, RecipeError, get_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINT_MARKER = "latest_checkpointed_iteration.txt"
+
+
+class TrainError(RuntimeError):
+    pass
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m nam56r.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--recipe", default="proxy-1gpu", choices=sorted(RECIPES), help="named run shape (default proxy-1gpu)")
+    parser.add_argument("--list", action="store_true", help="list the recipes and exit")
+    parser.add_argument("--dry-run", action="store_true", help="print the checks, the preflight and the exact command; start nothing")
+    shape = parser.add_argument_group("overrides of the recipe")
+    shape.add_argument("--mbs", type=int, dest="micro_batch", help="micro-batch size per GPU")
+    shape.add_argument("--gbs", type=int, dest="global_batch", help="global batch size (sequences per step)")
+    shape.add_argument("--steps", type=int, help="training steps")
+    shape.add_argument("--seq", type=int, dest="seq_length", help="sequence length")
+    shape.add_argument("--ep", type=int, help="expert-parallel size")
+    shape.add_argument("--pp", type=int, help="pipeline-parallel size")
+    shape.add_argument("--nodes", type=int, help="number of nodes")
+    shape.add_argument("--gpus-per-node", type=int, help="GPUs per node")
+    shape.add_argument("--lr", type=float, help="peak learning rate")
+    shape.add_argument("--warmup", type=int, dest="warmup_steps", help="learning-rate warm-up steps (below --steps)")
+    shape.add_argument("--save-interval", type=int, help="steps between checkpoints")
+    shape.add_argument("--backend", choices=("auto", "te", "local"), help="layer backend (auto: TE when installed)")
+    shape.add_argument("--index-cache", choices=("on", "off"), help="IndexCache for the DSA layers")
+    shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
+    io_group = parser.add_argument_group("data, checkpoints, outputs")
+    io_group.add_argument(
+        "--data", type=Path, help="a data directory with data.json (nam56r.data build/convert) or a train prefix (.bin/.idx)"
+    )
+    io_group.add_argument("--valid-data", type=Path, help="validation prefix, when --data is a prefix")
+    io_group.add_argument("--tokenizer", type=Path, help="HuggingFace tokenizer directory, when --data is a prefix")
+    io_group.add_argument("--save", type=Path, help="checkpoint directory (default RUN_DIR/checkpoints)")
+    io_group.add_argument("--load", type=Path, help="resume from this checkpoint directory")
+    io_group.add_argument("--run-dir", type=Path, help="logs, events, summary and plot (default runs/<recipe>-<time>)")
+    multi = parser.add_argument_group("several nodes")
+    multi.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0 (run the same command on every node)")
+    multi.add_argument("--node-rank", type=int, default=0, help="this node's rank, with --rdzv-endpoint")
+    multi.add_argument("--slurm-script", type=Path, help="write an sbatch script for the run instead of launching")
+    parser.add_argument("megatron_extra", nargs="*", help="extra Megatron flags after `--` (mock data and the null tokenizer are refused)")
+    args = parser.parse_args(argv)
+    return args, list(args.megatron_extra)
+
+
+def recipe_from(args: argparse.Namespace) -> Recipe:
+    on_off = {"on": True, "off": False, None: None}
+    return get_recipe(
+        args.recipe,
+        micro_batch=args.micro_batch,
+        global_batch=args.global_batch,
+        steps=args.steps,
+        seq_length=args.seq_length,
+        ep=args.ep,
+        pp=args.pp,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        save_interval=args.save_interval,
+        backend=args.backend,
+        index_cache=on_off[args.index_cache],
+        cuda_graphs=on_off[args.cuda_graphs],
+    )
+
+
+@dataclass(frozen=True)
+class DataChoice:
+    paths: DataPaths
+    ready: bool
+    note: str
+
+
+def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
+    """The data the run reads: --data (a directory with data.json, or a prefix with --tokenizer), else
+    the default corpus for the model's vocab size (possibly not built yet)."""
+    from nam56r.data import default_data_dir
+
+    if args.data is None:
+        directory = default_data_dir(vocab_size)
+        if not (directory / "data.json").is_file():
+            build = f"python -m nam56r.data build --vocab-size {vocab_size} --out {directory}"
+            placeholder = DataPaths(directory / "train_text_document", directory / "valid_text_document", directory / "tokenizer")
+            return DataChoice(placeholder, False, f"default C/C++ corpus not built yet; the launch builds it first ({build})")
+        return DataChoice(_built_data(directory, vocab_size), True, f"default corpus {directory}")
+    if args.data.is_dir():
+        return DataChoice(_built_data(args.data, vocab_size), True, f"{args.data}/data.json")
+    prefix = args.data
+    for suffix in (".bin", ".idx"):
+        if not prefix.with_name(prefix.name + suffix).is_file():
+            raise TrainError(
+                f"--data {prefix}: {prefix}{suffix} not found (give a prefix without .bin/.idx, or a directory with data.json)"
+            )
+    if args.tokenizer is None or not args.tokenizer.is_dir():
+        raise TrainError(f"--data {prefix} is a bare prefix: pass --tokenizer DIR (a HuggingFace tokenizer directory)")
+    return DataChoice(DataPaths(prefix, args.valid_data, args.tokenizer), True, f"prefix {prefix}")
+
+
+def _built_data(directory: Path, vocab_size: int) -> DataPaths:
+    """The prefixes and tokenizer of a directory written by `nam56r.data build`/`convert`, checked against the model's vocab."""
+    from nam56r.data import read_data_manifest
+
+    try:
+        manifest = read_data_manifest(directory)
+        manifest.check_vocab(vocab_size)
+    except (FileNotFoundError, ValueError) as exc:
+        raise TrainError(str(exc)) from None
+    return DataPaths(manifest.train_prefix, manifest.valid_prefix, manifest.tokenizer_dir)
+
+
+def choose_run_paths(args: argparse.Namespace, recipe: Recipe) -> RunPaths:
+    run_dir = args.run_dir or ROOT / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    save = args.save or run_dir / "checkpoints"
+    load = args.load
+    if (save / CHECKPOINT_MARKER).is_file() and (load is None or load.resolve() != save.resolve()):
+        raise TrainError(
+            f"--save {save} already holds a checkpoint ({CHECKPOINT_MARKER}); to continue it pass --load {save}, "
+            "otherwise choose another --save (checkpoints are never overwritten or deleted)"
+        )
+    if load is not None and not (load / CHECKPOINT_MARKER).is_file():
+        raise TrainError(f"--load {load}: no Megatron checkpoint there ({CHECKPOINT_MARKER} missing)")
+    return RunPaths(run_dir=run_dir, save=save, load=load)
+
+
+def resolve_backend_for(recipe: Recipe, dry_run: bool) -> tuple[str, str | None]:
+    """The layer backend, and a problem to report when TE is asked for but absent (a dry run still prints the command)."""
+    from nam56r.specs import resolve_backend
+
+    try:
+        return resolve_backend(recipe.backend), None
+    except RuntimeError as exc:
+        if not dry_run:
+            raise TrainError(str(exc)) from None
+        return "te", str(exc)
+
+
+def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> str:
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            margs = megatron_validate(argv, recipe.world_size)
+            megatron_cfg = transformer_config_from_args(margs)
+        except (AssertionError, ValueError, SystemExit) as exc:
+            raise TrainError(f"Megatron's argument checks rejected the lowered flags: {type(exc).__name__}: {exc}") from None
+        mismatches = architecture_mismatches(model, megatron_cfg)
+    if mismatches:
+        raise TrainError("the flags describe another model than the config:\n  " + "\n  ".join(mismatches))
+    return f"validated by Megatron's parser as {recipe.world_size} rank(s); its model config matches NAM56R's ({len(argv)} args)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(argv)
+    if args.list:
+        for name, make in RECIPES.items():
+            r = make()
+            shape = f"{r.world_size} GPU  pp={r.pp} ep={r.ep} mbs={r.micro_batch} gbs={r.global_batch}"
+            print(f"{name:14s} {r.model:14s} {shape:34s} {r.precision:15s} {r.description}")
+        return 0
+    try:
+        return run(args, extra)
+    except (TrainError, RecipeError, LaunchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    from nam56r.preflight import run_preflight
+
+    recipe = recipe_from(args)
+    model = recipe.model_config()
+    if refused := refused_flags(extra):
+        raise TrainError(f"refused for real runs: {', '.join(refused)}")
+    backend, backend_problem = resolve_backend_for(recipe, args.dry_run)
+    data = choose_data(args, model.vocab_size)
+    run_paths = choose_run_paths(args, recipe)
+    megatron_argv = lower(recipe, model, data.paths, run_paths, backend) + extra
+    env = runtime_env(os.environ)
+    rendezvous = Rendezvous(args.rdzv_endpoint, args.node_rank) if args.rdzv_endpoint else None
+    cmd = torchrun_command(recipe, megatron_argv, run_paths.run_dir / "logs", rendezvous) if not args.slurm_script else []
+
+    print(
+        f"recipe: {recipe.name} ({recipe.description}); model {model.name}, {recipe.world_size} GPU(s), "
+        f"tp={recipe.tp} pp={recipe.pp} ep={recipe.ep} dp={recipe.data_parallel}, mbs={recipe.micro_batch} gbs={recipe.global_batch}, "
+        f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}"
+    )
+    print(f"data: {data.note}")
+    print(
+        f"run dir: {run_paths.run_dir}; checkpoints: save {run_paths.save}" + (f", resume from {run_paths.load}" if run_paths.load else "")
+    )
+    report = run_preflight(model)
+    if backend_problem:
+        report.add("backend", False, backend_problem)
+    try:
+        print(f"megatron flags: {validate_with_megatron(megatron_argv, recipe, model)}")
+    except TrainError as exc:
+        if not args.dry_run:
+            raise
+        report.add("megatron flags", False, str(exc))
+    print("preflight:")
+    print(report.format())
+    print(f"preflight: {'passed' if not report.failures else f'{len(report.failures)} check(s) failed'}")
+
+    if args.slurm_script:
+        script = slurm_script(recipe, megatron_argv, run_paths.run_dir, ROOT)
+        if args.dry_run:
+            print(f"slurm script ({args.slurm_script}, not written: dry run):\n{script}")
+            return _dry_run_status(report)
+        _write_run_files(run_paths, model, recipe, script)
+        args.slurm_script.write_text(script)
+        print(f"wrote {args.slurm_script}: submit with `sbatch {args.slurm_script}` (build the data first if it is the default)")
+        return 0
+    print("command:")
+    print(shell_line(env, cmd))
+    if args.dry_run:
+        return _dry_run_status(report)
+    if report.failures:
+        raise TrainError("preflight failed; fix the checks above (the command is printed for reference)")
+    if not data.ready:
+        _build_default_data(model.vocab_size)
+        return run(args, extra)
+    _write_run_files(run_paths, model, recipe, shell_line(env, cmd))
+    proc = subprocess.run(cmd, env={**os.environ, **env}, cwd=ROOT)
+    if proc.returncode == 0 and args.node_rank == 0:
+        _summarize(run_paths, model, recipe)
+    return proc.returncode
+
+
+def _dry_run_status(report) -> int:
+    """A dry run on a machine without a GPU still succeeds; flags Megatron rejects do not."""
+    return 1 if any(check.name == "megatron flags" for check in report.failures) else 0
+
+
+def _write_run_files(run: RunPaths, model, recipe: Recipe, command: str) -> None:
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    run.model_config_file.write_text(json.dumps(model.to_dict(), indent=2))
+    (run.run_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
+    (run.run_dir / "command.sh").write_text(command + "\n")
+
+
+def _build_default_data(vocab_size: int) -> None:
+    from nam56r.data import default_data_dir
+
+    directory = default_data_dir(vocab_size)
+    print(f"building the default C/C++ corpus for vocab {vocab_size} into {directory} (once)", flush=True)
+    subprocess.run(
+        [sys.executable, "-m", "nam56r.data", "build", "--vocab-size", str(vocab_size), "--out", str(directory)], check=True, cwd=ROOT
+    )
+
+
+def _summarize(run: RunPaths, model, recipe: Recipe) -> None:
+    from nam56r.runlog import summarize_run
+
+    summary = summarize_run(run.tensorboard_dir, model, model.seq_length, recipe.world_size, run.run_dir)
+    print(f"summary: {run.run_dir / 'summary.json'}; plot: {run.run_dir / 'loss_throughput.png'}")
+    print(summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

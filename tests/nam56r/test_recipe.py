@@ -1,0 +1,134 @@
+"""Recipes: checks that refuse bad run shapes, and the lowering accepted by Megatron's own parser
+with a model config equal to NAM56R's."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from nam56r.megatron_args import (
+    DataPaths,
+    RunPaths,
+    architecture_mismatches,
+    lower,
+    megatron_validate,
+    refused_flags,
+    transformer_config_from_args,
+)
+from nam56r.recipe import RECIPES, Recipe, RecipeError, get_recipe
+
+DATA = DataPaths(Path("/data/train_text_document"), Path("/data/valid_text_document"), Path("/data/tokenizer"))
+RUN = RunPaths(Path("/runs/r"), Path("/runs/r/checkpoints"), None)
+
+
+def _validated(recipe: Recipe, backend: str = "local", run: RunPaths = RUN):
+    argv = lower(recipe, recipe.model_config(), DATA, run, backend)
+    with contextlib.redirect_stdout(io.StringIO()):
+        margs = megatron_validate(argv, recipe.world_size)
+        return argv, margs, transformer_config_from_args(margs)
+
+
+@pytest.mark.parametrize("name", ["tiny-1gpu", "proxy-1gpu", "h200x2-ep2", "h200x8-bf16"])
+def test_recipe_lowers_to_flags_megatron_accepts_with_our_architecture(megatron_built, name):
+    recipe = get_recipe(name)
+    argv, margs, cfg = _validated(recipe)
+    assert architecture_mismatches(recipe.model_config(), cfg) == []
+    assert margs.world_size == recipe.world_size
+    assert margs.data_parallel_size == recipe.data_parallel
+    assert margs.expert_model_parallel_size == recipe.ep
+    assert margs.micro_batch_size == recipe.micro_batch and margs.global_batch_size == recipe.global_batch
+    assert margs.train_iters == recipe.steps
+    assert margs.tokenizer_type == "HuggingFaceTokenizer" and not margs.mock_data
+    assert margs.ckpt_format == "torch_dist" and margs.save == str(RUN.save)
+    assert cfg.fused_linear_cross_entropy is True
+    assert cfg.num_layers == recipe.model_config().num_layers
+    assert margs.mtp_num_layers == recipe.model_config().mtp.depths
+
+
+def test_h200x8_recipes_match_the_original_production_topologies():
+    bf16, fp8 = get_recipe("h200x8-bf16"), get_recipe("h200x8-fp8")
+    assert (bf16.world_size, bf16.pp, bf16.ep, bf16.micro_batch, bf16.precision) == (8, 1, 4, 8, "bf16")
+    assert (fp8.world_size, fp8.pp, fp8.ep, fp8.micro_batch, fp8.precision) == (8, 1, 8, 10, "fp8-tensorwise")
+    assert not bf16.cuda_graphs and not fp8.cuda_graphs  # the original found CG unaffordable at PP=1
+    assert fp8.backend == "te"
+
+
+def test_lowering_drift_is_caught(megatron_built):
+    """Drop a flag that changes the architecture: the cross-check must name the field."""
+    recipe = get_recipe("tiny-1gpu")
+    argv = lower(recipe, recipe.model_config(), DATA, RUN, "local")
+    i = argv.index("--rope-type")
+    del argv[i : i + 2]
+    with contextlib.redirect_stdout(io.StringIO()):
+        cfg = transformer_config_from_args(megatron_validate(argv, 1))
+    problems = architecture_mismatches(recipe.model_config(), cfg)
+    assert any(p.startswith("rope_type") for p in problems), problems
+
+
+def test_resume_lowers_load_and_exits_on_missing_checkpoint(megatron_built):
+    run = RunPaths(Path("/runs/r"), Path("/ckpt"), Path("/ckpt"))
+    argv, margs, _ = _validated(get_recipe("tiny-1gpu"), run=run)
+    assert margs.load == "/ckpt" and margs.exit_on_missing_checkpoint
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"cuda_graphs": True, "backend": "te"}, "cuda_graphs at pp=1 refused"),
+        ({"ep": 3, "gpus_per_node": 3}, "does not divide the 16 experts"),
+        ({"micro_batch": 3}, "global_batch 8 is not a multiple of micro_batch"),
+        ({"tp": 2, "gpus_per_node": 2}, "tensor parallel 1 only"),
+        ({"precision": "fp8-tensorwise", "backend": "local"}, "needs TransformerEngine"),
+        ({"compile_mamba_elementwise": True}, "not built yet"),
+        ({"warmup_steps": 500}, "warmup_steps 500 must be below steps 300"),
+        ({"micro_batch": 0}, "micro_batch must be >= 1"),
+    ],
+)
+def test_recipe_refuses(overrides, fragment):
+    with pytest.raises(RecipeError, match=fragment):
+        get_recipe("proxy-1gpu", **overrides)
+
+
+def test_recipe_reports_every_problem_at_once():
+    with pytest.raises(RecipeError) as err:
+        replace(get_recipe("proxy-1gpu"), micro_batch=3, warmup_steps=999).check()
+    assert len(err.value.problems) == 2
+
+
+def test_cuda_graphs_allowed_with_pipeline_stages_on_te():
+    recipe = get_recipe("h200x2-ep2", cuda_graphs=True, backend="te", pp=2, ep=1)
+    assert recipe.cuda_graphs and recipe.pp == 2
+
+
+def test_unknown_recipe_and_field_are_named():
+    with pytest.raises(KeyError, match="unknown recipe 'nope'"):
+        get_recipe("nope")
+    with pytest.raises(KeyError, match="unknown recipe fields"):
+        get_recipe("tiny-1gpu", batch=3)
+
+
+def test_overrides_of_none_keep_the_recipe():
+    assert get_recipe("proxy-1gpu", steps=None, ep=None) == RECIPES["proxy-1gpu"]()
+
+
+def test_refused_flags_found_in_either_spelling():
+    assert refused_flags(["--mock-data"]) == ["mock data"]
+    assert refused_flags(["--tokenizer-type", "NullTokenizer"]) == ["the null tokenizer"]
+    assert refused_flags(["--tokenizer-type=NullTokenizer"]) == ["the null tokenizer"]
+    assert refused_flags(["--lr", "1e-4"]) == []
+
+
+def test_model_config_round_trips_through_json():
+    import json
+
+    from nam56r.config import ModelConfig
+
+    model = get_recipe("h200x8-bf16").model_config()
+    assert model.index_cache.enabled
+    assert ModelConfig.from_dict(json.loads(json.dumps(model.to_dict()))) == model
+    with pytest.raises(ValueError, match="unknown ModelConfig fields"):
+        ModelConfig.from_dict({**model.to_dict(), "hiden_size": 1})

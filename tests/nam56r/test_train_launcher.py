@@ -1,0 +1,217 @@
+"""The launcher end to end on CPU: dry runs over real built data, its refusals, the torchrun and
+SLURM commands, and the per-GPU forward step on the tiny model with a real Megatron GPTDataset batch."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nam56r.launch import LaunchError, Rendezvous, runtime_env, slurm_script, torchrun_command
+from nam56r.recipe import get_recipe
+from nam56r.train import main as train_main
+
+TINY_VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory, megatron_built) -> Path:
+    """A real (small) default-style corpus: 40 PyTorch headers, byte-level BPE of 512 tokens."""
+    from nam56r.data import CorpusConfig, build, torch_include_dir
+
+    out = tmp_path_factory.mktemp("data") / "cpp"
+    build(out, TINY_VOCAB, CorpusConfig(sources=(torch_include_dir(),), max_docs=40))
+    return out
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = train_main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _command_line(stdout: str) -> list[str]:
+    lines = stdout.splitlines()
+    return shlex.split(lines[lines.index("command:") + 1])
+
+
+def test_dry_run_prints_checks_preflight_and_the_exact_command(tiny_data, tmp_path):
+    code, out, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--run-dir", str(tmp_path / "run")])
+    assert code == 0, err
+    assert "megatron flags: validated by Megatron's parser as 1 rank(s); its model config matches NAM56R's" in out
+    assert "preflight:" in out and "patches megatron-lm" in out
+    cmd = _command_line(out)
+    assert cmd[0] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert cmd[2:5] == ["-m", "torch.distributed.run", "--nproc-per-node"]
+    flags = cmd[cmd.index("nam56r.pretrain") + 1 :]
+    assert flags[flags.index("--train-data-path") + 1] == str(tiny_data / "train_text_document")
+    assert flags[flags.index("--tokenizer-model") + 1] == str(tiny_data / "tokenizer")
+    assert flags[flags.index("--save") + 1] == str(tmp_path / "run" / "checkpoints")
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+def test_overrides_reach_the_flags(tiny_data, tmp_path):
+    code, out, err = _run(
+        [
+            "--recipe",
+            "tiny-1gpu",
+            "--dry-run",
+            "--data",
+            str(tiny_data),
+            "--run-dir",
+            str(tmp_path),
+            "--mbs",
+            "4",
+            "--gbs",
+            "32",
+            "--steps",
+            "7",
+            "--warmup",
+            "2",
+        ]
+    )
+    assert code == 0, err
+    flags = _command_line(out)
+    assert flags[flags.index("--micro-batch-size") + 1] == "4"
+    assert flags[flags.index("--global-batch-size") + 1] == "32"
+    assert flags[flags.index("--train-iters") + 1] == "7"
+
+
+def test_mock_data_and_null_tokenizer_are_refused(tiny_data, tmp_path):
+    for extra in (["--mock-data"], ["--tokenizer-type", "NullTokenizer"]):
+        code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--run-dir", str(tmp_path), "--", *extra])
+        assert code == 2 and "refused for real runs" in err
+
+
+def test_a_save_directory_holding_a_checkpoint_is_refused_unless_resumed(tiny_data, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("20")
+    base = ["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--run-dir", str(tmp_path / "run"), "--save", str(ckpt)]
+    code, _, err = _run(base)
+    assert code == 2 and "already holds a checkpoint" in err
+    code, out, err = _run([*base, "--load", str(ckpt)])
+    assert code == 0, err
+    flags = _command_line(out)
+    assert flags[flags.index("--load") + 1] == str(ckpt)
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "20"  # nothing touched
+
+
+def test_load_without_a_checkpoint_is_refused(tiny_data, tmp_path):
+    code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--load", str(tmp_path)])
+    assert code == 2 and "no Megatron checkpoint there" in err
+
+
+def test_data_larger_than_the_model_vocab_is_refused(tiny_data, tmp_path):
+    """The tiny data has a 512-token vocab; a model with a smaller vocab cannot embed it."""
+    from nam56r.data import read_data_manifest
+
+    with pytest.raises(ValueError, match="rebuild it with"):
+        read_data_manifest(tiny_data).check_vocab(256)
+    argv = ["--recipe", "tiny-1gpu", "--dry-run", "--run-dir", str(tmp_path)]
+    code, _, err = _run([*argv, "--data", str(tiny_data)])
+    assert code == 0, err
+    big = tmp_path / "big"
+    from nam56r.data import CorpusConfig, build, torch_include_dir
+
+    build(big, 600, CorpusConfig(sources=(torch_include_dir(),), max_docs=40))
+    code, _, err = _run([*argv, "--data", str(big)])
+    assert code == 2 and "vocab_size is 512" in err
+
+
+def test_bare_prefix_needs_a_tokenizer(tiny_data, tmp_path):
+    code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data / "train_text_document")])
+    assert code == 2 and "pass --tokenizer DIR" in err
+    code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tmp_path / "nothing")])
+    assert code == 2 and "not found" in err
+
+
+def test_conflicting_allocator_setting_is_refused_not_replaced():
+    with pytest.raises(LaunchError, match="expandable_segments:True"):
+        runtime_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"})
+    assert runtime_env({}) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    kept = "expandable_segments:True,max_split_size_mb:512"
+    assert runtime_env({"PYTORCH_CUDA_ALLOC_CONF": kept}) == {"PYTORCH_CUDA_ALLOC_CONF": kept}
+
+
+def test_multi_node_needs_a_rendezvous(tmp_path):
+    recipe = get_recipe("h200x8-bf16", nodes=2, global_batch=128)
+    with pytest.raises(LaunchError, match="--rdzv-endpoint"):
+        torchrun_command(recipe, ["--x"], tmp_path)
+    cmd = torchrun_command(recipe, ["--x"], tmp_path, Rendezvous("node0:29500", 1), python="python")
+    assert cmd[cmd.index("--nnodes") + 1] == "2" and cmd[cmd.index("--node-rank") + 1] == "1"
+    assert cmd[cmd.index("--rdzv-endpoint") + 1] == "node0:29500" and "--standalone" not in cmd
+
+
+def test_slurm_script_is_valid_bash_with_preflight_on_every_node(tmp_path):
+    recipe = get_recipe("h200x8-bf16", nodes=4, global_batch=256)
+    script = slurm_script(recipe, ["--hidden-size", "4096", "--tokenizer-model", "/path with space/tok"], tmp_path / "run", tmp_path)
+    assert "#SBATCH --nodes=4" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "nam56r.preflight --preset nam56r" in script
+    assert '--rdzv-endpoint="$head_node:29500"' in script
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in script
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True).returncode == 0
+    # the quoted flag survives shell parsing intact
+    assert "'/path with space/tok'" in script
+
+
+def test_forward_step_on_a_real_dataset_batch(tiny_data):
+    """Megatron's GPTDataset over the built prefix feeds our forward step; the loss contract holds."""
+    import torch
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    from nam56r.data import load_megatron_tokenizer
+    from nam56r.megatron_args import DataPaths, RunPaths, lower, megatron_validate
+    from nam56r.pretrain import forward_step, gpt_dataset_config
+
+    recipe = get_recipe("tiny-1gpu")
+    model = recipe.model_config()
+    data = DataPaths(tiny_data / "train_text_document", tiny_data / "valid_text_document", tiny_data / "tokenizer")
+    with contextlib.redirect_stdout(io.StringIO()):
+        margs = megatron_validate(lower(recipe, model, data, RunPaths(Path("/r"), None, None), "local"), 1)
+    tokenizer = load_megatron_tokenizer(tiny_data / "tokenizer")
+    train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, [4, 2, None], lambda: True, gpt_dataset_config(margs, tokenizer)).build()
+    sample = train[0]
+    assert sample["tokens"].shape == (model.seq_length,)
+    assert torch.equal(sample["tokens"][1:], sample["labels"][:-1])  # labels are the next tokens
+    assert valid is not None and len(valid) >= 2
+
+    batch = torch.utils.data.default_collate([train[i] for i in range(2)])
+    batch["loss_mask"][1, :5] = 0  # masked positions must not count
+
+    class PerTokenLoss(torch.nn.Module):
+        """Stands in for NAM56RModel's contract (Mamba-3's kernels need a GPU): per-token CE of a
+        bigram table, called the way Megatron's schedules call the model."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(model.vocab_size, model.vocab_size)
+            self.calls: list[tuple] = []
+
+        def forward(self, tokens, position_ids, attention_mask, *, labels, loss_mask):
+            self.calls.append((tokens, position_ids, attention_mask, labels, loss_mask))
+            logits = self.table(tokens)
+            return torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
+
+    net = PerTokenLoss()
+    output, loss_func = forward_step(iter([batch]), net)
+    tokens, position_ids, attention_mask, labels, loss_mask = net.calls[0]
+    assert torch.equal(tokens, batch["tokens"]) and torch.equal(labels, batch["labels"])
+    assert attention_mask is None  # causal masks come from the model, not the loader
+    assert output.shape == (2, model.seq_length)
+    loss, num_tokens, report = loss_func(output)
+    assert num_tokens.item() == 2 * model.seq_length - 5
+    assert loss.item() == pytest.approx((output * batch["loss_mask"]).sum().item(), rel=1e-6)
+    assert report["lm loss"][1].item() == num_tokens.item()
+    with pytest.raises(FloatingPointError, match="non-finite loss"):
+        loss_func(torch.full_like(output, float("nan")))
+    with pytest.raises(KeyError, match="batch lacks"):
+        forward_step(iter([{"tokens": batch["tokens"]}]), net)
