@@ -44,7 +44,12 @@ def _tool(session: nox.Session, *args: str) -> None:
 @nox.session
 def build(session: nox.Session) -> None:
     """Materialize the four pinned upstreams, apply their patch series, install them editable into .venv."""
-    _tool(session, "build", "--env", str(VENV), *session.posargs)
+    _build(session, *session.posargs)
+
+
+def _build(session: nox.Session, *options: str) -> None:
+    """The build every other session starts with; their own arguments are not build options."""
+    _tool(session, "build", "--env", str(VENV), *options)
     if not _project_installed():
         session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                     "--no-deps", "--no-build-isolation", "-e", str(ROOT), external=True)
@@ -64,7 +69,7 @@ def _venv_install(session: nox.Session, *requirements: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Build (a no-op when up to date), then run the CPU test suite in .venv."""
-    build(session)
+    _build(session)
     _venv_install(session, "pytest>=8", *FORMATTERS, *TRAIN_REQUIREMENTS)
     session.run(str(VENV_PYTHON), "-m", "pytest", *(session.posargs or ["-q"]), external=True)
 
@@ -72,7 +77,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def data(session: nox.Session) -> None:
     """Build the default training corpus (PyTorch's C++ headers, byte-level BPE, Megatron .bin/.idx): `-- --help`."""
-    build(session)
+    _build(session)
     _venv_install(session, *TRAIN_REQUIREMENTS)
     session.run(str(VENV_PYTHON), "-m", "nam56r.data", *(session.posargs or ["build"]), external=True)
 
@@ -80,7 +85,7 @@ def data(session: nox.Session) -> None:
 @nox.session
 def train(session: nox.Session) -> None:
     """Train NAM56R: `-- --recipe NAME [--dry-run] [overrides]` (`-- --help`, `-- --list`)."""
-    build(session)
+    _build(session)
     _venv_install(session, *TRAIN_REQUIREMENTS)
     session.run(str(VENV_PYTHON), "-m", "nam56r.train", *session.posargs, external=True)
 
@@ -105,6 +110,6 @@ def packs(session: nox.Session) -> None:
     """The filing-pack CLI in .venv (reproducers run there): `nox -s packs -- list|run ID|preflight ID|waves|...`."""
     if not session.posargs:
         session.error("give a command after --, e.g. `nox -s packs -- list` (`-- --help` lists them)")
-    build(session)
+    _build(session)
     session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *FORMATTERS, external=True)
     session.run(str(VENV_PYTHON), str(ROOT / "tools" / "packs.py"), *session.posargs, external=True)

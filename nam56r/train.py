@@ -155,6 +155,11 @@ def _built_data(directory: Path, vocab_size: int) -> DataPaths:
 
 
 def choose_run_paths(args: argparse.Namespace, recipe: Recipe) -> RunPaths:
+    if recipe.nodes > 1 and not args.slurm_script and args.run_dir is None:
+        raise TrainError(
+            f"{recipe.nodes} nodes: pass --run-dir on a filesystem every node shares, the same on each node "
+            "(the default name carries the launch time, which differs between nodes)"
+        )
     run_dir = args.run_dir or ROOT / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     save = args.save or run_dir / "checkpoints"
     load = args.load
@@ -250,9 +255,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if args.dry_run:
             print(f"slurm script ({args.slurm_script}, not written: dry run):\n{script}")
             return _dry_run_status(report)
+        if not data.ready:
+            _build_default_data(model.vocab_size)
         _write_run_files(run_paths, model, recipe, script)
         args.slurm_script.write_text(script)
-        print(f"wrote {args.slurm_script}: submit with `sbatch {args.slurm_script}` (build the data first if it is the default)")
+        print(f"wrote {args.slurm_script}: submit with `sbatch {args.slurm_script}` from a node that shares this filesystem")
         return 0
     print("command:")
     print(shell_line(env, cmd))

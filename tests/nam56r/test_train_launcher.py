@@ -215,3 +215,13 @@ def test_forward_step_on_a_real_dataset_batch(tiny_data):
         loss_func(torch.full_like(output, float("nan")))
     with pytest.raises(KeyError, match="batch lacks"):
         forward_step(iter([{"tokens": batch["tokens"]}]), net)
+
+
+def test_multi_node_without_slurm_needs_a_shared_run_dir(tiny_data, tmp_path):
+    argv = ["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--nodes", "2", "--gbs", "32"]
+    code, _, err = _run([*argv, "--rdzv-endpoint", "node0:29500"])
+    assert code == 2 and "pass --run-dir" in err
+    code, out, err = _run([*argv, "--rdzv-endpoint", "node0:29500", "--node-rank", "1", "--run-dir", str(tmp_path)])
+    assert code == 0, err
+    cmd = _command_line(out)
+    assert cmd[cmd.index("--node-rank") + 1] == "1" and cmd[cmd.index("--nnodes") + 1] == "2"
