@@ -187,7 +187,7 @@ def add_nam56r_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def refused_flags(argv: Sequence[str]) -> list[str]:
     """The refused flags (mock data, null tokenizer) present in `argv`, by name."""
-    joined = {a for a in argv} | {f"{a}={b}" for a, b in zip(argv, argv[1:], strict=False)}
+    joined = set(argv) | {f"{a}={b}" for a, b in zip(argv, argv[1:], strict=False)}
     return [why for flag, why in REFUSED_FLAGS.items() if flag in joined]
 
 

@@ -1,6 +1,7 @@
 """Per-step metrics, a steady-state summary and the loss/throughput plot of a run, from the
 TensorBoard events Megatron writes (`training_log` in megatron/training/training.py).
 
+    python -m nam56r.runlog RUN_DIR                  # a run of nam56r.train: its model_config.json and recipe.json
     python -m nam56r.runlog RUN_DIR --preset nam56r --seq 4096 --world-size 8
 
 Works on a run in progress (it reads what has been flushed). Writes, next to the events unless
@@ -368,16 +369,43 @@ def resolve_tensorboard_dir(run_dir: Path) -> Path:
     return nested if nested.is_dir() else run_dir
 
 
+def _run_model_and_world(run_dir: Path, preset: str | None, world_size: int | None) -> tuple[ModelConfig, int]:
+    """The model a run trained and its GPU count. A run started by nam56r.train records both
+    (model_config.json: the exact config, IndexCache and sequence length included; recipe.json);
+    a preset stands in only where the run has no model_config.json."""
+    from nam56r.presets import get_preset
+
+    model_file, recipe_file = run_dir / "model_config.json", run_dir / "recipe.json"
+    if model_file.is_file():
+        config = ModelConfig.from_dict(json.loads(model_file.read_text()))
+        if preset is not None and preset != config.name:
+            raise ValueError(f"--preset {preset} disagrees with {model_file}, which trained {config.name}")
+    elif preset is not None:
+        config = get_preset(preset)
+    else:
+        raise ValueError(f"{run_dir} has no model_config.json: pass --preset")
+    if world_size is None:
+        if not recipe_file.is_file():
+            raise ValueError(f"{run_dir} has no recipe.json: pass --world-size")
+        recipe = json.loads(recipe_file.read_text())
+        world_size = recipe["nodes"] * recipe["gpus_per_node"]
+    return config, world_size
+
+
 def main(argv: list[str] | None = None) -> int:
-    from nam56r.presets import PRESETS, get_preset
+    from nam56r.presets import PRESETS
 
     parser = argparse.ArgumentParser(
         prog="python -m nam56r.runlog", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("run_dir", type=Path, help="the run folder (its tensorboard/ is read) or a TensorBoard folder")
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS), help="the model preset the run trains")
-    parser.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
-    parser.add_argument("--world-size", type=int, required=True, help="GPUs of the run")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="the model preset the run trains (default: the run's model_config.json, written by nam56r.train)",
+    )
+    parser.add_argument("--seq", type=int, help="sequence length (default: the model config's)")
+    parser.add_argument("--world-size", type=int, help="GPUs of the run (default: from the run's recipe.json)")
     parser.add_argument("--out", type=Path, help="where to write metrics.jsonl, summary.json and the plot (default: RUN_DIR)")
     parser.add_argument(
         "--window",
@@ -388,11 +416,15 @@ def main(argv: list[str] | None = None) -> int:
         help="steady-state iterations of the run (default: 3 25)",
     )
     args = parser.parse_args(argv)
-    config = get_preset(args.preset)
+    try:
+        config, world_size = _run_model_and_world(args.run_dir, args.preset, args.world_size)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     seq = args.seq if args.seq is not None else config.seq_length
     tensorboard_dir = resolve_tensorboard_dir(args.run_dir)
     try:
-        summary = summarize_run(tensorboard_dir, config, seq, args.world_size, args.out or args.run_dir, window=tuple(args.window))
+        summary = summarize_run(tensorboard_dir, config, seq, world_size, args.out or args.run_dir, window=tuple(args.window))
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -255,8 +255,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if args.dry_run:
             print(f"slurm script ({args.slurm_script}, not written: dry run):\n{script}")
             return _dry_run_status(report)
-        if not data.ready:
-            _build_default_data(model.vocab_size)
+        _ensure_data(data, model.vocab_size)
         _write_run_files(run_paths, model, recipe, script)
         args.slurm_script.write_text(script)
         print(f"wrote {args.slurm_script}: submit with `sbatch {args.slurm_script}` from a node that shares this filesystem")
@@ -267,9 +266,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         return _dry_run_status(report)
     if report.failures:
         raise TrainError("preflight failed; fix the checks above (the command is printed for reference)")
-    if not data.ready:
-        _build_default_data(model.vocab_size)
-        return run(args, extra)
+    _ensure_data(data, model.vocab_size)
     _write_run_files(run_paths, model, recipe, shell_line(env, cmd))
     proc = subprocess.run(cmd, env={**os.environ, **env}, cwd=ROOT)
     if proc.returncode == 0 and args.node_rank == 0:
@@ -289,14 +286,19 @@ def _write_run_files(run: RunPaths, model, recipe: Recipe, command: str) -> None
     (run.run_dir / "command.sh").write_text(command + "\n")
 
 
-def _build_default_data(vocab_size: int) -> None:
-    from nam56r.data import default_data_dir
+def _ensure_data(data: DataChoice, vocab_size: int) -> None:
+    """Build the default corpus when it is missing. The build writes exactly the paths already lowered
+    into the flags (checked), so nothing is lowered, validated or printed a second time."""
+    if data.ready:
+        return
+    from nam56r.data import CorpusConfig, build, default_data_dir, format_summary, torch_include_dir
 
     directory = default_data_dir(vocab_size)
     print(f"building the default C/C++ corpus for vocab {vocab_size} into {directory} (once)", flush=True)
-    subprocess.run(
-        [sys.executable, "-m", "nam56r.data", "build", "--vocab-size", str(vocab_size), "--out", str(directory)], check=True, cwd=ROOT
-    )
+    command = ["python", "-m", "nam56r.data", "build", "--vocab-size", str(vocab_size), "--out", str(directory)]
+    print(format_summary(directory, build(directory, vocab_size, CorpusConfig(sources=(torch_include_dir(),)), command=command)))
+    if (built := _built_data(directory, vocab_size)) != data.paths:
+        raise TrainError(f"the default corpus was built as {built}, not at the paths in the flags ({data.paths})")
 
 
 def _summarize(run: RunPaths, model, recipe: Recipe) -> None:

@@ -192,3 +192,28 @@ def test_cli_summarizes_a_run_folder(tmp_path) -> None:
         text=True,
     )
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_cli_reads_the_model_and_world_size_a_train_run_recorded(tmp_path) -> None:
+    """A run of nam56r.train records its exact model (here IndexCache off, unlike the tiny preset)
+    and its recipe: the CLI uses them, so the FLOP count is the trained model's, not the preset's."""
+    from dataclasses import replace
+
+    from nam56r.flops import flops_per_token
+    from nam56r.presets import get_preset
+
+    preset = get_preset("nam56r-tiny")
+    trained = replace(preset, seq_length=SEQ, index_cache=replace(preset.index_cache, enabled=False))
+    assert flops_per_token(trained, SEQ).total != flops_per_token(replace(preset, seq_length=SEQ), SEQ).total
+    write_megatron_events(tmp_path / "tensorboard", range(1, 31))
+    (tmp_path / "model_config.json").write_text(json.dumps(trained.to_dict()))
+    (tmp_path / "recipe.json").write_text(json.dumps({"nodes": 1, "gpus_per_node": WORLD}))
+    proc = subprocess.run([sys.executable, "-m", "nam56r.runlog", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == WORLD and summary["seq_length"] == SEQ
+    assert summary["flops_per_token"] == pytest.approx(flops_per_token(trained, SEQ).total)
+    wrong = subprocess.run([sys.executable, "-m", "nam56r.runlog", str(tmp_path), "--preset", "nam56r"], capture_output=True, text=True)
+    assert wrong.returncode == 1 and "disagrees with" in wrong.stderr
+    bare = subprocess.run([sys.executable, "-m", "nam56r.runlog", str(tmp_path / "tensorboard")], capture_output=True, text=True)
+    assert bare.returncode == 1 and "pass --preset" in bare.stderr

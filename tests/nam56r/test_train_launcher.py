@@ -225,3 +225,27 @@ def test_multi_node_without_slurm_needs_a_shared_run_dir(tiny_data, tmp_path):
     assert code == 0, err
     cmd = _command_line(out)
     assert cmd[cmd.index("--node-rank") + 1] == "1" and cmd[cmd.index("--nnodes") + 1] == "2"
+
+
+def test_missing_default_data_is_built_at_the_paths_already_in_the_flags(megatron_built, tmp_path, monkeypatch):
+    """A launch without --data lowers the default corpus's paths first and builds it afterwards:
+    the build must land exactly there (a 40-document corpus here, to keep the test fast)."""
+    import argparse
+    from dataclasses import replace
+
+    import nam56r.data as data_module
+    from nam56r.train import _ensure_data, choose_data
+
+    real_build = data_module.build
+    monkeypatch.setattr(data_module, "default_data_dir", lambda vocab_size: tmp_path / f"cpp-headers-v{vocab_size}")
+    monkeypatch.setattr(
+        data_module, "build", lambda out, vocab, corpus, command=None: real_build(out, vocab, replace(corpus, max_docs=40), command=command)
+    )
+    args = argparse.Namespace(data=None)
+    before = choose_data(args, TINY_VOCAB)
+    assert not before.ready and "not built yet" in before.note
+    with contextlib.redirect_stdout(io.StringIO()):
+        _ensure_data(before, TINY_VOCAB)
+    after = choose_data(args, TINY_VOCAB)
+    assert after.ready and after.paths == before.paths
+    assert Path(f"{after.paths.train_prefix}.bin").is_file() and after.paths.tokenizer_dir.is_dir()
