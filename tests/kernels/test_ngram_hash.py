@@ -4,11 +4,7 @@ seam's errors."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +14,6 @@ from nam56r_kernels.ngram_hash import (
     ngram_hash_embed_reference,
     ngram_hash_ids,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def naive_embed(
@@ -165,11 +159,9 @@ INTERPRETER_SCRIPT = textwrap.dedent(
 )
 
 
-def test_fused_matches_reference_under_the_triton_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert proc.stdout.count("ok ") == 5, proc.stdout
+def test_fused_matches_reference_under_the_triton_interpreter(run_interpreted) -> None:
+    stdout = run_interpreted(INTERPRETER_SCRIPT, timeout=120)
+    assert stdout.count("ok ") == 5, stdout
 
 
 # ---------------------------------------------------------------------------- the seam
