@@ -2,15 +2,17 @@
 
 For each position, the 2-gram and 3-gram ending there are hashed by `heads` hash functions into
 one table per order (`table_size` rows of `embed_dim`); the looked-up rows are projected to the
-hidden size and added to the token embedding. The hash, gather and backward scatter are the
-kernels package's (`nam56r_kernels.ngram_hash`): the fused Triton kernel on CUDA tensors, the
-PyTorch reference on CPU tensors (CPU runs are tests and parameter counting, never training).
+hidden size and added to the token embedding. Hash, gather and projection are the kernels
+package's (`nam56r_kernels.ngram_hash`): one fused Triton kernel on CUDA tensors, which never
+writes the [b, s, orders*heads*dim] features; the PyTorch reference (embedding, then `proj`) on
+CPU tensors (CPU runs are tests and parameter counting, never training). Both use `proj.weight`,
+so the parameters and the checkpoint layout are the same either way.
 """
 
 from __future__ import annotations
 
 import torch
-from nam56r_kernels.ngram_hash import make_hash_params, ngram_hash_embed_fused, ngram_hash_embed_reference
+from nam56r_kernels.ngram_hash import make_hash_params, ngram_hash_project_fused, ngram_hash_project_reference
 
 from nam56r.config import NgramHashConfig
 
@@ -46,6 +48,5 @@ class NgramHashEmbedding(torch.nn.Module):
         return len(self.config.orders) * self.config.heads * self.config.embed_dim
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embed = ngram_hash_embed_fused if input_ids.is_cuda else ngram_hash_embed_reference
-        features = embed(input_ids, self.tables, self.config.orders, self.hash_mult, self.hash_offset)
-        return self.proj(features)
+        project = ngram_hash_project_fused if input_ids.is_cuda else ngram_hash_project_reference
+        return project(input_ids, self.tables, self.config.orders, self.hash_mult, self.hash_offset, self.proj.weight)

@@ -29,11 +29,11 @@ before triton is imported), which the CPU tests use; there is no silent fallback
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from nam56r_kernels.triton_support import dot_precision, require_cuda_or_interpreter
 
 __all__ = [
     "index_scores_fused",
@@ -84,7 +84,7 @@ def index_scores_fused(
 ) -> torch.Tensor:
     """The same as ``index_scores_reference``, as one Triton kernel (bf16 tensor-core GEMMs, fp32 sums)."""
     _check_indexer_inputs(q, k, weights, causal)
-    _check_fused_device(q, "index_scores_fused")
+    require_cuda_or_interpreter(q, "index_scores_fused", "index_scores_reference")
     sq, batch, heads, dim = q.shape
     sk = k.shape[0]
     out = torch.empty(batch, sq, sk, dtype=torch.float32, device=q.device)
@@ -97,7 +97,7 @@ def index_scores_fused(
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         weights.stride(0), weights.stride(1), weights.stride(2), out.stride(0), out.stride(1),
         HEADS=heads, DIM=dim, BLOCK_M=_SCORE_BLOCK_M, BLOCK_N=_SCORE_BLOCK_N, USE_RELU=use_relu, CAUSAL=causal,
-        num_warps=4, num_stages=2,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
     )
     return out
 
@@ -108,7 +108,7 @@ def index_topk_fused(
     """The same as ``index_topk_reference`` without the [b, sq, sk] scores: extra memory is O(b * sq * topk)."""
     _check_topk(topk)
     _check_indexer_inputs(q, k, weights, causal)
-    _check_fused_device(q, "index_topk_fused")
+    require_cuda_or_interpreter(q, "index_topk_fused", "index_topk_reference")
     sq, batch, heads, dim = q.shape
     sk = k.shape[0]
     kept = min(topk, sk)
@@ -129,7 +129,7 @@ def index_topk_fused(
         weights.stride(0), weights.stride(1), weights.stride(2),
         top_scores.stride(0), top_scores.stride(1),
         HEADS=heads, DIM=dim, BLOCK_M=_TOPK_BLOCK_M, KEEP=keep, USE_RELU=use_relu, CAUSAL=causal,
-        num_warps=8, num_stages=2,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=8, num_stages=2,
     )
     return top_scores, top_indices
 
@@ -139,7 +139,7 @@ def _index_scores_kernel(q_ptr, k_ptr, w_ptr, out_ptr, sq, sk,
                          stride_qs, stride_qb, stride_qh, stride_ks, stride_kb,
                          stride_ws, stride_wb, stride_wh, stride_ob, stride_os,
                          HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         USE_RELU: tl.constexpr, CAUSAL: tl.constexpr):
+                         USE_RELU: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m, pid_n, bi = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -151,7 +151,7 @@ def _index_scores_kernel(q_ptr, k_ptr, w_ptr, out_ptr, sq, sk,
     else:
         acc = _weighted_head_sum(q_ptr, k_ptr, w_ptr, bi, rows, cols, sq, sk,
                                  stride_qs, stride_qb, stride_qh, stride_ks, stride_kb,
-                                 stride_ws, stride_wb, stride_wh, HEADS, DIM, BLOCK_M, BLOCK_N, USE_RELU)
+                                 stride_ws, stride_wb, stride_wh, HEADS, DIM, BLOCK_M, BLOCK_N, USE_RELU, DOT_PRECISION)
         if CAUSAL:
             acc = tl.where(cols[None, :] <= rows[:, None], acc, float("-inf"))
         tl.store(out_ptrs, acc, mask=out_mask)
@@ -162,7 +162,7 @@ def _weighted_head_sum(q_ptr, k_ptr, w_ptr, bi, rows, cols, sq, sk,
                        stride_qs, stride_qb, stride_qh, stride_ks, stride_kb,
                        stride_ws, stride_wb, stride_wh,
                        HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       USE_RELU: tl.constexpr):
+                       USE_RELU: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """fp32 [BLOCK_M, BLOCK_N]: sum over heads of w * act(q_h . k) for these query rows and key columns."""
     d = tl.arange(0, DIM)
     row_ok, col_ok = rows < sq, cols < sk
@@ -174,7 +174,7 @@ def _weighted_head_sum(q_ptr, k_ptr, w_ptr, bi, rows, cols, sq, sk,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for h in range(HEADS):
         q_tile = tl.load(q_rows + h * stride_qh, mask=row_ok[:, None], other=0.0)
-        head = tl.dot(q_tile, k_t, out_dtype=tl.float32)
+        head = tl.dot(q_tile, k_t, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         if USE_RELU:
             head = tl.maximum(head, 0.0)
         w_h = tl.load(w_rows + h * stride_wh, mask=row_ok, other=0.0).to(tl.float32)
@@ -195,7 +195,7 @@ def _index_topk_kernel(q_ptr, k_ptr, w_ptr, scores_ptr, indices_ptr, sq, sk, kep
                        stride_qs, stride_qb, stride_qh, stride_ks, stride_kb,
                        stride_ws, stride_wb, stride_wh, stride_ob, stride_os,
                        HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, KEEP: tl.constexpr,
-                       USE_RELU: tl.constexpr, CAUSAL: tl.constexpr):
+                       USE_RELU: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m, bi = tl.program_id(0), tl.program_id(1).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     lane = tl.arange(0, KEEP)
@@ -208,7 +208,7 @@ def _index_topk_kernel(q_ptr, k_ptr, w_ptr, scores_ptr, indices_ptr, sq, sk, kep
         cols = start + lane
         scores = _weighted_head_sum(q_ptr, k_ptr, w_ptr, bi, rows, cols, sq, sk,
                                     stride_qs, stride_qb, stride_qh, stride_ks, stride_kb,
-                                    stride_ws, stride_wb, stride_wh, HEADS, DIM, BLOCK_M, KEEP, USE_RELU)
+                                    stride_ws, stride_wb, stride_wh, HEADS, DIM, BLOCK_M, KEEP, USE_RELU, DOT_PRECISION)
         visible = (cols < sk)[None, :]
         if CAUSAL:
             visible = visible & (cols[None, :] <= rows[:, None])
@@ -230,6 +230,7 @@ def _index_topk_kernel(q_ptr, k_ptr, w_ptr, scores_ptr, indices_ptr, sq, sk, kep
     tl.store(indices_ptr + offsets, cols, mask=mask)
 
 
+
 def _causal_hidden(seq: int, device: torch.device) -> torch.Tensor:
     return torch.ones(seq, seq, dtype=torch.bool, device=device).triu_(1)
 
@@ -241,11 +242,6 @@ def _d_contiguous(x: torch.Tensor) -> torch.Tensor:
 def _check_topk(topk: int) -> None:
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
         raise ValueError(f"topk must be a positive int, got {topk!r}")
-
-
-def _check_fused_device(q: torch.Tensor, name: str) -> None:
-    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"{name} needs CUDA tensors, got device {q.device}; use the *_reference function for CPU")
 
 
 def _check_indexer_inputs(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, causal: bool) -> None:

@@ -13,6 +13,8 @@ from nam56r_kernels.ngram_hash import (
     ngram_hash_embed_fused,
     ngram_hash_embed_reference,
     ngram_hash_ids,
+    ngram_hash_project_fused,
+    ngram_hash_project_reference,
 )
 
 
@@ -164,6 +166,57 @@ def test_fused_matches_reference_under_the_triton_interpreter(run_interpreted) -
     assert stdout.count("ok ") == 5, stdout
 
 
+# Hash + gather + projection in one kernel. fp32 only on the CPU: Triton 3.6's interpreter multiplies bf16
+# tiles as raw bits; the GPU test below covers bf16 at NAM56R's size.
+PROJECT_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from nam56r_kernels.ngram_hash import make_hash_params, ngram_hash_project_fused, ngram_hash_project_reference
+
+    def compare(batch, seq, orders, heads, rows, dim, hidden, seed):
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, 50_000, (batch, seq), generator=g)
+        tables = torch.randn(len(orders), rows, dim, generator=g).requires_grad_()
+        weight = (0.1 * torch.randn(hidden, len(orders) * heads * dim, generator=g)).requires_grad_()
+        mult, offset = make_hash_params(orders, heads, seed=seed)
+        ref = ngram_hash_project_reference(tokens, tables, orders, mult, offset, weight)
+        fused = ngram_hash_project_fused(tokens, tables, orders, mult, offset, weight)
+        assert fused.shape == (batch, seq, hidden) and fused.dtype == torch.float32
+        torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5)
+        grad_out = torch.randn(ref.shape, generator=g)
+        for got, want, name in zip(torch.autograd.grad(fused, (tables, weight), grad_out),
+                                   torch.autograd.grad(ref, (tables, weight), grad_out), ("tables", "weight")):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, msg=name)
+        print("ok", batch, seq, orders, heads, rows, dim, hidden)
+
+    compare(2, 9, (2, 3), 3, 37, 4, 70, seed=0)       # 6 (order, head) pairs padded to 8, dim 4 padded to 16, rows collide
+    compare(2, 40, (2, 3), 8, 37, 16, 128, seed=1)    # NAM56R's pairs and dim; 80 tokens over three token blocks
+    compare(1, 33, (1, 2, 4), 2, 11, 5, 20, seed=2)   # hidden below one column tile
+    """
+)
+
+
+def test_fused_projection_matches_reference_under_the_triton_interpreter(run_interpreted) -> None:
+    stdout = run_interpreted(PROJECT_SCRIPT, timeout=120)
+    assert stdout.count("ok ") == 3, stdout
+
+
+def test_projection_reference_is_the_embedding_then_a_linear_layer() -> None:
+    tokens, tables, orders, mult, offset = random_case(0)
+    weight = torch.randn(10, tables.shape[0] * mult.shape[1] * tables.shape[2])
+    features = ngram_hash_embed_reference(tokens, tables, orders, mult, offset)
+    assert torch.equal(ngram_hash_project_reference(tokens, tables, orders, mult, offset, weight), features @ weight.T)
+
+
+@pytest.mark.parametrize("project", [ngram_hash_project_reference, ngram_hash_project_fused])
+def test_projection_refuses_a_weight_of_the_wrong_width_or_dtype(project) -> None:
+    tokens, tables, orders, mult, offset = random_case(0)
+    with pytest.raises(ValueError, match=r"proj_weight must be \[hidden, O\*H\*D = 24\], got shape \(10, 23\)"):
+        project(tokens, tables, orders, mult, offset, torch.randn(10, 23))
+    with pytest.raises(ValueError, match=r"proj_weight \(torch.float64, cpu\) must match the tables \(torch.float32, cpu\)"):
+        project(tokens, tables, orders, mult, offset, torch.randn(10, 24, dtype=torch.float64))
+
+
 # ---------------------------------------------------------------------------- the seam
 
 
@@ -172,6 +225,9 @@ def test_fused_refuses_cpu_tensors_without_the_interpreter(monkeypatch: pytest.M
     tokens, tables, orders, mult, offset = random_case(0)
     with pytest.raises(RuntimeError, match=r"needs CUDA tensors, got device cpu; use ngram_hash_embed_reference for CPU"):
         ngram_hash_embed_fused(tokens, tables, orders, mult, offset)
+    weight = torch.randn(10, 24)
+    with pytest.raises(RuntimeError, match=r"needs CUDA tensors, got device cpu; use ngram_hash_project_reference for CPU"):
+        ngram_hash_project_fused(tokens, tables, orders, mult, offset, weight)
 
 
 @pytest.mark.parametrize("embed", [ngram_hash_embed_reference, ngram_hash_embed_fused])
@@ -243,3 +299,26 @@ def test_fused_matches_reference_on_gpu_at_nam56r_size(dtype: torch.dtype) -> No
     assert grad_fused.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(grad_fused.float(), grad_ref.to(dtype).float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the fused kernel at NAM56R's size runs on CUDA only")
+def test_fused_projection_matches_reference_on_gpu_at_nam56r_size() -> None:
+    # NAM56R: orders (2, 3), 8 heads, 500k rows of 16, hidden 4096; bf16 as trained, compared with an fp32 reference.
+    batch, seq, orders, heads, rows, dim, hidden = 2, 4096, (2, 3), 8, 500_000, 16, 4096
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    tokens = torch.randint(0, 131_072, (batch, seq), device="cuda", generator=generator)
+    tokens[1, 100:200] = tokens[0, 100:200]
+    tables = torch.randn(len(orders), rows, dim, device="cuda", generator=generator).bfloat16().requires_grad_()
+    weight = (0.02 * torch.randn(hidden, len(orders) * heads * dim, device="cuda", generator=generator)).bfloat16().requires_grad_()
+    mult, offset = (p.cuda() for p in make_hash_params(orders, heads))
+    fused = ngram_hash_project_fused(tokens, tables, orders, mult, offset, weight)
+    tables32, weight32 = (t.detach().float().requires_grad_() for t in (tables, weight))
+    ref = ngram_hash_project_reference(tokens, tables32, orders, mult, offset, weight32)
+    out_err = ((fused.float() - ref).abs().max() / ref.abs().max()).item()
+    grad_out = torch.randn(ref.shape, device="cuda", generator=generator).bfloat16()
+    got = torch.autograd.grad(fused, (tables, weight), grad_out)
+    want = torch.autograd.grad(ref, (tables32, weight32), grad_out.float())
+    errs = [((a.float() - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want, strict=True)]
+    assert out_err < 1e-2 and max(errs) < 1e-2, (out_err, errs)
+    print(f"NGRAM_PROJECT_GPU_OK out_rel_err={out_err:.2e} dtables_rel_err={errs[0]:.2e} dweight_rel_err={errs[1]:.2e}")
