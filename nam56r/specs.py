@@ -2,8 +2,9 @@
 
 `te`: TransformerEngine modules (norms, linears, core attention, grouped-GEMM experts), the
 production option on users' nodes. `local`: Megatron's own modules, for machines without TE (our
-GPU test machine, CPU tests); its MoE experts are Megatron's `SequentialMLP` (a loop of per-expert
-GEMMs) until the grouped-GEMM experts of the kernels issue land. `resolve_backend("auto")` picks
+GPU test machine, CPU tests); its MoE experts are `nam56r.moe_experts.GroupedMLPExperts`, two
+`torch.nn.functional.grouped_mm` calls with `SequentialMLP`'s parameters and checkpoint layout, in
+place of Megatron's `SequentialMLP` (a Python loop of per-expert GEMMs). `resolve_backend("auto")` picks
 `te` when `transformer_engine` imports and `local` otherwise, and says which once; there is no
 quiet switch after that.
 
@@ -49,6 +50,7 @@ from nam56r.config import ModelConfig
 from nam56r.dsa_index_cache import IndexCacheDSAttention
 from nam56r.local_layers import DuplicatedLinear, LatentSDPAttention
 from nam56r.mamba3_mixer import Mamba3Mixer
+from nam56r.moe_experts import GroupedMLPExperts
 
 Backend = Literal["te", "local"]
 logger = logging.getLogger(__name__)
@@ -65,7 +67,7 @@ def resolve_backend(requested: str) -> Backend:
     backend: Backend = "te" if requested == "te" or (requested == "auto" and have_te) else "local"
     if backend not in _announced:
         _announced.add(backend)
-        why = "TransformerEngine" if backend == "te" else "Megatron's local modules; MoE experts as SequentialMLP"
+        why = "TransformerEngine" if backend == "te" else "Megatron's local modules; MoE experts on torch's grouped_mm"
         logger.warning("NAM56R layer backend: %s (%s, requested %r)", backend, why, requested)
     return backend
 
@@ -90,7 +92,17 @@ class _Modules:
         else:
             self.norm, self.column, self.row = WrappedTorchNorm, ColumnParallelLinear, RowParallelLinear
             self.down_proj, self.duplicated, self.core_attention = ColumnParallelLinear, DuplicatedLinear, LatentSDPAttention
-            self.provider, self.grouped_gemm = LocalSpecProvider(), False
+            self.provider, self.grouped_gemm = _LocalGroupedExpertsProvider(), True
+
+
+class _LocalGroupedExpertsProvider(LocalSpecProvider):
+    """Megatron's local modules, with grouped-GEMM experts that need no TransformerEngine."""
+
+    def grouped_mlp_modules(self, moe_use_grouped_gemm: bool):
+        if not moe_use_grouped_gemm:
+            return super().grouped_mlp_modules(moe_use_grouped_gemm)
+        submodules = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear, activation_func=self.activation_func())
+        return partial(GroupedMLPExperts, submodules=submodules)
 
 
 def _mla_layer(m: _Modules) -> ModuleSpec:

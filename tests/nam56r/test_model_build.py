@@ -16,12 +16,14 @@ def test_tiny_model_has_every_block_family_from_our_specs(tiny_cpu_model) -> Non
     from nam56r.dsa_index_cache import IndexCacheDSAttention
     from nam56r.local_layers import LatentSDPAttention
     from nam56r.mamba3_mixer import Mamba3Mixer
+    from nam56r.moe_experts import GroupedMLPExperts
     from nam56r.pattern import LayerKind
 
     model, layout = tiny_cpu_model.model, tiny_cpu_model.layout
     expected = {
         LayerKind.MAMBA3: lambda layer: isinstance(layer, MambaLayer) and isinstance(layer.mixer, Mamba3Mixer),
-        LayerKind.MOE: lambda layer: isinstance(layer.mlp, MoELayer) and layer.mlp.shared_experts is not None,
+        LayerKind.MOE: lambda layer: isinstance(layer.mlp, MoELayer) and layer.mlp.shared_experts is not None
+        and type(layer.mlp.experts) is GroupedMLPExperts,
         LayerKind.MLA: lambda layer: type(layer.self_attention) is MLASelfAttention
         and isinstance(layer.self_attention.core_attention, LatentSDPAttention),
         LayerKind.DSA: lambda layer: isinstance(layer.self_attention, AbsorbedMLASelfAttention)
