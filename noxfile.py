@@ -4,6 +4,7 @@
   nox -s tests              build, then the CPU test suite in that same environment
   nox -s data -- ARGS       build the default C/C++ training corpus (python -m nam56r.data build ARGS)
   nox -s train -- ARGS      train (python -m nam56r.train ARGS), e.g. `-- --recipe proxy-1gpu --dry-run`
+  nox -s bench -- ARGS      benchmarks (python -m nam56r.bench ARGS): `-- --list`, `-- tooling`, `-- kernels` ...
   nox -s lint               ruff
   nox -s patches -- CMD     the patch-lane CLI (tools/apply_patches.py CMD), e.g. `-- status`, `-- check`
   nox -s packs -- CMD       the filing-pack CLI (tools/packs.py CMD), e.g. `-- list`, `-- run ID`, `-- waves`
@@ -91,6 +92,14 @@ def train(session: nox.Session) -> None:
     _build(session)
     _venv_install(session, *TRAIN_REQUIREMENTS)
     session.run(str(VENV_PYTHON), "-m", "nam56r.train", *session.posargs, external=True)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmark suites, JSON + PNG per suite under docs/bench/ (`-- --list` shows them and what each needs)."""
+    _build(session)
+    _venv_install(session, *TRAIN_REQUIREMENTS)
+    session.run(str(VENV_PYTHON), "-m", "nam56r.bench", *session.posargs, external=True)
 
 
 @nox.session

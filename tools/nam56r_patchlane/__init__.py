@@ -13,6 +13,7 @@ Modules, one job each:
   check       the CI gate
   rebase      re-apply a series on another upstream version and report per patch
   manifest    the append-only validation manifest and host stamps
+  pinned      the unpatched release's sources at a tree's base tag (for same-run comparisons)
   cli         argparse front end (tools/apply_patches.py)
 
 Nothing here imports torch, nam56r or the kernels package.

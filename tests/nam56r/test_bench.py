@@ -1,0 +1,106 @@
+"""nam56r.bench: the suite list, GPU suites refusing on a CPU host, the tooling suite end to end (a real
+fresh-clone build), and the pieces the GPU suites report with (ratios, plots, profiler traces)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nam56r.bench.harness import Row, ratios, write_suite
+from nam56r.bench.suites import SUITES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nam56r.bench", *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def test_list_shows_every_suite_and_what_it_needs() -> None:
+    proc = bench("--list")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["tooling", "kernels", "train-step", "microbatch", "compile-tax"]
+    assert "[CPU]" in lines[0] and all("[GPU]" in line for line in lines[1:])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-host behaviour")
+def test_a_named_gpu_suite_on_a_cpu_host_is_an_error_naming_it() -> None:
+    proc = bench("kernels", "--out", "/nonexistent")
+    assert proc.returncode == 2
+    assert "suite(s) kernels need a CUDA GPU" in proc.stderr
+
+
+def test_unknown_suite_is_refused_with_the_known_ones() -> None:
+    proc = bench("kernel")
+    assert proc.returncode == 2 and "unknown suite(s): kernel; known: tooling, kernels" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-host behaviour")
+def test_default_run_on_a_cpu_host_runs_tooling_and_says_what_it_did_not_run(tmp_path: Path) -> None:
+    proc = bench("--out", str(tmp_path), "--quick")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in ("kernels", "train-step", "microbatch", "compile-tax"):
+        assert f"{name}: not run, needs a CUDA GPU" in proc.stdout
+    result = json.loads((tmp_path / "tooling.json").read_text())
+    assert (tmp_path / "tooling.png").stat().st_size > 0
+    assert result["host"]["gpu"] == "cpu" and len(result["host"]["commit"]) == 40
+    assert set(result["host"]["upstreams"]) == {"megatron-lm", "mamba", "liger-kernel", "tilelang"}
+    cases = {row["case"]: row for row in result["rows"]}
+    assert set(cases) == {"cache fill", "materialize + apply 4 series", "no-op rebuild"}
+    # A no-op rebuild must be far cheaper than materializing and applying four series.
+    assert cases["no-op rebuild"]["time_ms"] < cases["materialize + apply 4 series"]["time_ms"]
+
+
+def test_ratios_compare_each_candidate_with_the_fastest_baseline() -> None:
+    rows = [
+        Row("dsa", "upstream einsum", time_ms=50.0, peak_extra_bytes=32 << 30),
+        Row("dsa", "upstream tilelang", time_ms=20.0, peak_extra_bytes=1 << 30),
+        Row("dsa", "upstream broken", extra={"error": "out of memory"}),
+        Row("dsa", "fused", time_ms=4.0, peak_extra_bytes=1 << 29),
+        Row("ngram", "reference", time_ms=3.0, peak_extra_bytes=300),
+        Row("ngram", "fused", time_ms=1.0, peak_extra_bytes=100),
+        Row("alone", "fused", time_ms=1.0),
+    ]
+    got = {r["case"]: r for r in ratios(rows)}
+    assert got["dsa"] == {"case": "dsa", "variant": "fused", "against": "upstream tilelang", "speedup": 5.0, "memory_ratio": 2.0}
+    assert got["ngram"]["speedup"] == 3.0 and got["ngram"]["memory_ratio"] == 3.0
+    assert "alone" not in got  # no baseline measured, no ratio invented
+
+
+def test_write_suite_stamps_and_plots(tmp_path: Path) -> None:
+    from nam56r.bench.harness import Context
+
+    rows = [Row("a", "reference", time_ms=2.0, peak_extra_bytes=2 << 30), Row("a", "fused", time_ms=1.0, max_error=1e-6)]
+    host = {"gpu": "NVIDIA H100", "commit": "0" * 40}
+    path = write_suite(SUITES["kernels"], rows, Context(tmp_path, quick=True), host, 1.5)
+    result = json.loads(path.read_text())
+    assert result["suite"] == "kernels" and result["host"] == host and result["ratios"][0]["speedup"] == 2.0
+    assert (tmp_path / "kernels.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_top_kernels_sums_cuda_kernel_time_across_traces(tmp_path: Path) -> None:
+    from nam56r.bench.training import top_kernels
+
+    def trace(name: str, events: list[dict], zipped: bool) -> None:
+        payload = json.dumps({"traceEvents": events})
+        path = tmp_path / "tb" / name
+        path.parent.mkdir(exist_ok=True)
+        if zipped:
+            with gzip.open(path, "wt") as f:
+                f.write(payload)
+        else:
+            path.write_text(payload)
+
+    trace("a.pt.trace.json", [{"cat": "kernel", "name": "gemm", "dur": 300}, {"cat": "cpu_op", "name": "aten::mm", "dur": 900},
+                              {"cat": "kernel", "name": "softmax", "dur": 100}], zipped=False)
+    trace("b.pt.trace.json.gz", [{"cat": "kernel", "name": "gemm", "dur": 200}, {"cat": "kernel", "name": "copy", "dur": 50}], zipped=True)
+    top = top_kernels(tmp_path, count=2)
+    assert [(k["kernel"], k["total_ms"], k["calls"]) for k in top] == [("gemm", 0.5, 2), ("softmax", 0.1, 1)]
+    assert abs(top[0]["share"] - 500 / 650) < 1e-9
