@@ -190,7 +190,7 @@ def write_suite(suite: Suite, rows: list[Row], ctx: Context, host: dict[str, Any
 
 
 def plot_rows(rows: list[Row], title: str, path: Path) -> None:
-    """Grouped bars per case: time (left) and peak extra memory (right), one bar per variant."""
+    """Grouped bars per case, one bar per variant: time, and peak extra memory where any row measured it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,8 +198,11 @@ def plot_rows(rows: list[Row], title: str, path: Path) -> None:
 
     cases = list(dict.fromkeys(r.case for r in rows))
     variants = list(dict.fromkeys(r.variant for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(cases) + 4), 4.5))
-    for ax, key, label in ((axes[0], "time_ms", "time (ms)"), (axes[1], "peak_extra_bytes", "peak extra memory (GiB)")):
+    panels = [(key, label) for key, label in (("time_ms", "time (ms)"), ("peak_extra_bytes", "peak extra memory (GiB)"))
+              if any(getattr(r, key) is not None for r in rows)] or [("time_ms", "time (ms)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(5, 1.6 * len(cases) + 2) * len(panels), 4.5), squeeze=False)
+    axes = axes[0]
+    for ax, (key, label) in zip(axes, panels, strict=True):
         width = 0.8 / max(1, len(variants))
         for v, variant in enumerate(variants):
             values = []

@@ -38,7 +38,7 @@ def run(ctx: Context) -> list[Row]:
     cache = default_cache()
     rows = []
     fill = _timed([sys.executable, str(TOOL), "cache", "fill", str(cache)], "fill the artifact cache (no-op when warm)")
-    rows.append(Row("cache fill", "warm", time_ms=fill * 1e3))
+    rows.append(Row("cache fill", "warm cache", time_ms=fill * 1e3))
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-tooling-") as tmp:
         clone = Path(tmp) / "repo"
         _timed(["git", "clone", "--quiet", "--no-recurse-submodules", str(ROOT), str(clone)], "clone this checkout")
