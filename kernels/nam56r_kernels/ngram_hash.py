@@ -385,21 +385,10 @@ def _hash_rows(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, num_tokens, seq_len
                NUM_HEADS: tl.constexpr, MAX_ORDER: tl.constexpr, BLOCK_T: tl.constexpr):
     """For this program's BLOCK_T flat token positions and its (order, head): token index, row in the
     stacked [O*T, D] tables, and whether that row exists (t >= n - 1 and the token is in range)."""
-    pair = tl.program_id(1)  # o * H + h
-    order_idx = pair // NUM_HEADS
-    n = tl.load(orders_ptr + order_idx)
     tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_range = tok < num_tokens
-    t = tok % seq_len
-    valid = in_range & (t >= n - 1)
-    acc = tl.load(offset_ptr + pair) % table_size
-    for i in tl.static_range(MAX_ORDER):
-        use = valid & (i < n)
-        token_id = tl.load(tokens_ptr + tok - i, mask=use, other=0)
-        m = tl.load(mult_ptr + pair * MAX_ORDER + i)
-        # Reduce each product (< 2**62) before adding so the running sum never overflows int64.
-        acc = (acc + tl.where(use, (token_id * m) % table_size, 0)) % table_size
-    return tok, order_idx.to(tl.int64) * table_size + acc, valid
+    row, valid = _hash_pair_rows(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tok, tl.program_id(1), num_tokens, seq_len,
+                                 table_size, NUM_HEADS, MAX_ORDER)
+    return tok, row, valid
 
 
 @triton.jit
