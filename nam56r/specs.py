@@ -101,8 +101,8 @@ class _LocalGroupedExpertsProvider(LocalSpecProvider):
     def grouped_mlp_modules(self, moe_use_grouped_gemm: bool):
         if not moe_use_grouped_gemm:
             return super().grouped_mlp_modules(moe_use_grouped_gemm)
-        submodules = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear, activation_func=self.activation_func())
-        return partial(GroupedMLPExperts, submodules=submodules)
+        sequential = super().grouped_mlp_modules(False)  # SequentialMLP with the local linears and activation
+        return partial(GroupedMLPExperts, *sequential.args, **sequential.keywords)
 
 
 def _mla_layer(m: _Modules) -> ModuleSpec:

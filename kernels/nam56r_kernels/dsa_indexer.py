@@ -90,7 +90,7 @@ def index_scores_fused(
     out = torch.empty(batch, sq, sk, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out
-    q, k, weights = _d_contiguous(q), _d_contiguous(k), weights
+    q, k = _d_contiguous(q), _d_contiguous(k)
     grid = (triton.cdiv(sq, _SCORE_BLOCK_M), triton.cdiv(sk, _SCORE_BLOCK_N), batch)
     _index_scores_kernel[grid](
         q, k, weights, out, sq, sk,
@@ -228,7 +228,6 @@ def _index_topk_kernel(q_ptr, k_ptr, w_ptr, scores_ptr, indices_ptr, sq, sk, kep
     mask = (rows < sq)[:, None] & (lane < kept)[None, :]
     tl.store(scores_ptr + offsets, top, mask=mask)
     tl.store(indices_ptr + offsets, cols, mask=mask)
-
 
 
 def _causal_hidden(seq: int, device: torch.device) -> torch.Tensor:

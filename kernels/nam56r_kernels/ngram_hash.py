@@ -265,7 +265,6 @@ def _proj_meta(mult: torch.Tensor, tables: torch.Tensor) -> dict[str, int]:
     }
 
 
-
 @triton.jit
 def _hash_pair_rows(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tok, pair, num_tokens, seq_len, table_size,
                     NUM_HEADS: tl.constexpr, MAX_ORDER: tl.constexpr):
@@ -285,20 +284,28 @@ def _hash_pair_rows(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tok, pair, num
 
 
 @triton.jit
+def _block_entries(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tok, num_tokens, seq_len, table_size, dim,
+                   NUM_HEADS: tl.constexpr, MAX_ORDER: tl.constexpr, NUM_PAIRS: tl.constexpr,
+                   BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    """For the tokens ``tok`` and every (order, head) pair, padded to [BLOCK_T, BLOCK_P, BLOCK_D]: the element
+    offsets into the stacked [O*T, D] tables, and the mask of real entries (the n-gram fits, no padding)."""
+    pair = tl.arange(0, BLOCK_P)
+    rows, valid = _hash_pair_rows(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tok[:, None],
+                                  tl.minimum(pair, NUM_PAIRS - 1)[None, :], num_tokens, seq_len, table_size, NUM_HEADS, MAX_ORDER)
+    d = tl.arange(0, BLOCK_D)
+    mask = (valid & (pair < NUM_PAIRS)[None, :])[:, :, None] & (d < dim)[None, None, :]
+    return rows[:, :, None] * dim + d[None, None, :], mask
+
+
+@triton.jit
 def _gather_features(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tables_ptr, tok, num_tokens, seq_len, table_size, dim,
                      NUM_HEADS: tl.constexpr, MAX_ORDER: tl.constexpr, NUM_PAIRS: tl.constexpr,
                      BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
-    """[BLOCK_T, BLOCK_P * BLOCK_D] features of the tokens ``tok`` (zeros where an n-gram does not fit or
-    in padding), plus the rows [BLOCK_T, BLOCK_P] and a mask [BLOCK_T, BLOCK_P, BLOCK_D] of the real entries."""
-    pair = tl.arange(0, BLOCK_P)
-    safe_pair = tl.minimum(pair, NUM_PAIRS - 1)
-    rows, valid = _hash_pair_rows(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tok[:, None], safe_pair[None, :],
-                                  num_tokens, seq_len, table_size, NUM_HEADS, MAX_ORDER)
-    valid = valid & (pair < NUM_PAIRS)[None, :]
-    d = tl.arange(0, BLOCK_D)
-    mask = valid[:, :, None] & (d < dim)[None, None, :]
-    values = tl.load(tables_ptr + rows[:, :, None] * dim + d[None, None, :], mask=mask, other=0.0)
-    return tl.reshape(values, (tok.shape[0], BLOCK_P * BLOCK_D)), rows, mask
+    """[BLOCK_T, BLOCK_P * BLOCK_D] features of the tokens ``tok`` (zeros where an n-gram does not fit or in padding)."""
+    entries, mask = _block_entries(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tok, num_tokens, seq_len, table_size, dim,
+                                   NUM_HEADS, MAX_ORDER, NUM_PAIRS, BLOCK_P, BLOCK_D)
+    values = tl.load(tables_ptr + entries, mask=mask, other=0.0)
+    return tl.reshape(values, (tok.shape[0], BLOCK_P * BLOCK_D))
 
 
 @triton.jit
@@ -316,8 +323,8 @@ def _ngram_project_fwd_kernel(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tabl
                               BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                               DOT_PRECISION: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    features, _, _ = _gather_features(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tables_ptr, tok, num_tokens,
-                                      seq_len, table_size, dim, NUM_HEADS, MAX_ORDER, NUM_PAIRS, BLOCK_P, BLOCK_D)
+    features = _gather_features(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tables_ptr, tok, num_tokens,
+                                seq_len, table_size, dim, NUM_HEADS, MAX_ORDER, NUM_PAIRS, BLOCK_P, BLOCK_D)
     cols, col_ok = _feature_columns(dim, NUM_PAIRS, BLOCK_P, BLOCK_D)
     width = NUM_PAIRS * dim
     for n0 in range(0, hidden, BLOCK_N):
@@ -335,7 +342,7 @@ def _ngram_project_dtables_kernel(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, 
                                   num_tokens, seq_len, table_size, dim, hidden,
                                   NUM_HEADS: tl.constexpr, MAX_ORDER: tl.constexpr, NUM_PAIRS: tl.constexpr,
                                   BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                              DOT_PRECISION: tl.constexpr):
+                                  DOT_PRECISION: tl.constexpr):
     """grad_features = grad_out @ proj_weight for a token block, kept in registers, scattered into the tables."""
     tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols, col_ok = _feature_columns(dim, NUM_PAIRS, BLOCK_P, BLOCK_D)
@@ -348,13 +355,9 @@ def _ngram_project_dtables_kernel(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, 
         w = tl.load(weight_ptr + n[:, None].to(tl.int64) * width + cols[None, :], mask=(n < hidden)[:, None] & col_ok[None, :],
                     other=0.0)
         grad_features = tl.dot(g, w, acc=grad_features, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-    pair = tl.minimum(tl.arange(0, BLOCK_P), NUM_PAIRS - 1)
-    rows, valid = _hash_pair_rows(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tok[:, None], pair[None, :],
-                                  num_tokens, seq_len, table_size, NUM_HEADS, MAX_ORDER)
-    d = tl.arange(0, BLOCK_D)
-    mask = (valid & (tl.arange(0, BLOCK_P) < NUM_PAIRS)[None, :])[:, :, None] & (d < dim)[None, None, :]
-    grad3 = tl.reshape(grad_features, (BLOCK_T, BLOCK_P, BLOCK_D))
-    tl.atomic_add(grad_tables_ptr + rows[:, :, None] * dim + d[None, None, :], grad3, mask=mask)
+    entries, mask = _block_entries(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tok, num_tokens, seq_len, table_size, dim,
+                                   NUM_HEADS, MAX_ORDER, NUM_PAIRS, BLOCK_P, BLOCK_D)
+    tl.atomic_add(grad_tables_ptr + entries, tl.reshape(grad_features, (BLOCK_T, BLOCK_P, BLOCK_D)), mask=mask)
 
 
 @triton.jit
@@ -362,7 +365,7 @@ def _ngram_project_dweight_kernel(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, 
                                   num_tokens, seq_len, table_size, dim, hidden,
                                   NUM_HEADS: tl.constexpr, MAX_ORDER: tl.constexpr, NUM_PAIRS: tl.constexpr,
                                   BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                              DOT_PRECISION: tl.constexpr):
+                                  DOT_PRECISION: tl.constexpr):
     """grad_weight[n, :] = sum over tokens of grad_out[t, n] * features[t, :]; this program sums one column
     block over every num_programs(1)-th token block, then adds its partial sum into the fp32 result."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -370,8 +373,8 @@ def _ngram_project_dweight_kernel(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, 
     acc = tl.zeros((BLOCK_P * BLOCK_D, BLOCK_N), dtype=tl.float32)
     for start in range(tl.program_id(1) * BLOCK_T, num_tokens, tl.num_programs(1) * BLOCK_T):
         tok = start + tl.arange(0, BLOCK_T).to(tl.int64)
-        features, _, _ = _gather_features(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tables_ptr, tok, num_tokens,
-                                          seq_len, table_size, dim, NUM_HEADS, MAX_ORDER, NUM_PAIRS, BLOCK_P, BLOCK_D)
+        features = _gather_features(tokens_ptr, orders_ptr, mult_ptr, offset_ptr, tables_ptr, tok, num_tokens,
+                                    seq_len, table_size, dim, NUM_HEADS, MAX_ORDER, NUM_PAIRS, BLOCK_P, BLOCK_D)
         g = tl.load(grad_out_ptr + tok[:, None] * hidden + n[None, :], mask=(tok < num_tokens)[:, None] & (n < hidden)[None, :],
                     other=0.0)
         acc = tl.dot(tl.trans(features), g.to(features.dtype), acc=acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     chosen = [SUITES[name] for name in args.suites] if args.suites else list(SUITES.values())
     if not gpu:
-        named_gpu = [s.name for s in chosen if s.needs_gpu and args.suites]
+        named_gpu = [s.name for s in chosen if s.needs_gpu] if args.suites else []
         if named_gpu:
             print(f"suite(s) {', '.join(named_gpu)} need a CUDA GPU (an H100/H200) and none is visible here", file=sys.stderr)
             return 2

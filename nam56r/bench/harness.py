@@ -8,7 +8,6 @@ import json
 import platform
 import statistics
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,8 +122,9 @@ def cuda_time_ms(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 10) -> 
     return statistics.median(times)
 
 
-def cuda_peak_extra_bytes(fn: Callable[[], Any]) -> int:
-    """Peak CUDA memory `fn` allocates beyond what was allocated when it started (its outputs included)."""
+def cuda_peak_extra_bytes(fn: Callable[[], Any]) -> tuple[int, Any]:
+    """(peak CUDA memory `fn` allocates beyond what was allocated when it started, its outputs included;
+    what `fn` returned)."""
     import torch
 
     torch.cuda.synchronize()
@@ -133,15 +133,7 @@ def cuda_peak_extra_bytes(fn: Callable[[], Any]) -> int:
     torch.cuda.reset_peak_memory_stats()
     result = fn()
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del result
-    return peak
-
-
-def wall_time_s(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    return torch.cuda.max_memory_allocated() - before, result
 
 
 BASELINE_PREFIXES = ("upstream", "reference")

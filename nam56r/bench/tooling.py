@@ -14,13 +14,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from nam56r_patchlane.artifacts import default_cache_dir
+
 from nam56r.bench.harness import ROOT, BenchError, Context, Row
 
 TOOL = ROOT / "tools" / "apply_patches.py"
 
 
 def default_cache() -> Path:
-    return Path(os.environ.get("NAM56R_BENCH_CACHE", Path.home() / ".cache" / "nam56r-patchlane" / "artifacts"))
+    """NAM56R_BENCH_CACHE, else the patch lane's own default artifact cache."""
+    override = os.environ.get("NAM56R_BENCH_CACHE")
+    return Path(override) if override else default_cache_dir()
 
 
 def _timed(command: list[str], what: str) -> float:

@@ -42,7 +42,7 @@ def gemm_peak_tflops() -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, extra: list[str] = (), env: dict | None = None) -> dict:
+def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, extra: tuple[str, ...] = (), env: dict | None = None) -> dict:
     """Run the users' training command; returns exit code, wall seconds, seconds to the first logged step,
     the run's summary.json (when it finished) and the log tail."""
     command = [sys.executable, "-m", "nam56r.train", *RECIPES[recipe], "--steps", str(steps), "--run-dir", str(run_dir)]
@@ -94,11 +94,11 @@ def train_step(ctx: Context) -> list[Row]:
     peak = gemm_peak_tflops()
     rows = []
     steps = 12 if ctx.quick else 25
-    profile = ["--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22"]
+    profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-train-") as tmp:
         for recipe in ("proxy",) if ctx.quick else ("proxy", "nam56r"):
             run_dir = Path(tmp) / recipe
-            result = train(recipe, run_dir, mbs=None, steps=steps, extra=profile if recipe == "proxy" and not ctx.quick else [])
+            result = train(recipe, run_dir, mbs=None, steps=steps, extra=profile if recipe == "proxy" and not ctx.quick else ())
             extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"]}
             summary = result["summary"]
             if summary is None:
