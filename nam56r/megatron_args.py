@@ -72,6 +72,9 @@ def lower(recipe: Recipe, model: ModelConfig, data: DataPaths, run: RunPaths, ba
         "--rope-type", "rope",  # MLA's default is yarn
         "--rotary-base", str(int(model.rope_base)),
         "--normalization", "RMSNorm",
+        # Megatron asks for Apex's persistent LayerNorm kernel by default; NAM56R's norms are TE's or,
+        # on the local backend, torch's (WrappedTorchNorm), which refuse the flag.
+        "--no-persist-layer-norm",
         "--norm-epsilon", str(model.norm_epsilon),
         "--disable-bias-linear",
         "--untie-embeddings-and-output-weights",

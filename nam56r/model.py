@@ -95,6 +95,31 @@ def megatron_config_fields(config: ModelConfig, *, params_dtype: torch.dtype = t
     )
 
 
+def local_backend_problems(megatron_cfg: MLATransformerConfig) -> list[str]:
+    """Settings of `megatron_cfg` the local backend's modules refuse when built, each with what to
+    pass instead; empty when it builds. Megatron asserts them one at a time, mid-build; this names
+    them all before anything is built."""
+    from megatron.core.tensor_parallel import layers
+
+    problems = [
+        f"{name}=True: {why}"
+        for name, why in (
+            # WrappedTorchNorm, the local backend's norm, asserts each of these off.
+            ("persist_layer_norm", "asks for Apex's persistent LayerNorm kernel, which torch's norms lack; pass --no-persist-layer-norm"),
+            ("layernorm_zero_centered_gamma", "torch's norms have no zero-centred gamma; leave it off"),
+            ("sequence_parallel", "torch's norms do not support sequence parallelism (nor does NAM56R at TP=1); leave it off"),
+            ("memory_efficient_layer_norm", "torch's norms have no memory-efficient variant; leave it off"),
+        )
+        if getattr(megatron_cfg, name)
+    ]
+    if megatron_cfg.gradient_accumulation_fusion and not layers._grad_accum_fusion_available:
+        problems.append(
+            "gradient_accumulation_fusion=True: Megatron's linears need APEX's fused_weight_gradient_mlp_cuda for it, "
+            "which is not installed; pass --no-gradient-accumulation-fusion"
+        )
+    return problems
+
+
 class NAM56RModel(HybridModel):
     """HybridModel plus the n-gram hash embedding at the entrance and the IndexCache pass boundary."""
 
@@ -173,6 +198,24 @@ def single_process_groups() -> ProcessGroupCollection:
     return ProcessGroupCollection.use_mpu_process_groups()
 
 
+def seed_model_parallel_rng(seed: int, pg_collection: ProcessGroupCollection) -> bool:
+    """Seed Megatron's CUDA RNG tracker with `model_parallel_cuda_manual_seed(seed)` where it holds
+    no model-parallel state (a build outside `pretrain`, which seeds it from --seed first); a state
+    already there is never replaced. True when it seeded."""
+    from megatron.core.tensor_parallel.random import (
+        _MODEL_PARALLEL_RNG_TRACKER_NAME,
+        get_cuda_rng_tracker,
+        model_parallel_cuda_manual_seed,
+    )
+
+    if _MODEL_PARALLEL_RNG_TRACKER_NAME in get_cuda_rng_tracker().get_states():
+        return False
+    model_parallel_cuda_manual_seed(
+        seed, tp_rank=pg_collection.tp.rank(), ep_rank=pg_collection.ep.rank(), etp_rank=pg_collection.expt_tp.rank()
+    )
+    return True
+
+
 def build_model(
     config: ModelConfig,
     backend: Backend,
@@ -183,14 +226,17 @@ def build_model(
     megatron_cfg: MLATransformerConfig | None = None,
     pre_process: bool = True,
     post_process: bool = True,
+    seed: int = 0,
 ) -> BuiltModel:
     """Build NAM56R. device="meta": shapes only (parameter counting); "cuda": a trainable model on
     the current GPU; "cpu": real (small) tensors, for tests of tiny presets.
 
     `megatron_cfg`: the training path's config, derived by Megatron from the launcher's flags (its
     parallelism, precision and runtime fields); the caller has checked its architecture against
-    `config` (`nam56r.megatron_args.architecture_mismatches`). `pre_process`/`post_process`: this
-    pipeline stage holds the embedding / the output head."""
+    `config` (`nam56r.megatron_args.architecture_mismatches`). Its runtime fields are set here for
+    the device (initialization, dispatcher, DSA kernels). `pre_process`/`post_process`: this
+    pipeline stage holds the embedding / the output head. `seed`: seeds the model-parallel CUDA RNG
+    of a "cuda" build only where nothing seeded it yet (`seed_model_parallel_rng`)."""
     if device not in ("meta", "cpu", "cuda"):
         raise ValueError(f"device must be 'meta', 'cpu' or 'cuda', got {device!r}")
     layout = layout_of(config)
@@ -198,19 +244,26 @@ def build_model(
     plan = index_cache_plan(config, layout)
     cache = TopkCache() if plan is not None else None
     mcfg = megatron_cfg if megatron_cfg is not None else megatron_config(config, params_dtype=params_dtype, meta=device == "meta")
+    if backend == "local" and (problems := local_backend_problems(mcfg)):
+        raise ValueError("the local backend cannot build this Megatron config:\n  " + "\n  ".join(problems))
+    pg_collection = pg_collection or single_process_groups()
     if device == "cuda":
         from nam56r.preflight import run_preflight
 
         run_preflight(config).raise_if_failed()
+        seed_model_parallel_rng(seed, pg_collection)
         mcfg.use_cpu_initialization = False
         # Set after construction: Megatron validates the backend against a visible CUDA device.
         mcfg.dsa_kernel_backend = config.dsa.kernel_backend
         mcfg.dsa_strict_fused_paths = config.dsa.kernel_backend != "none"
     else:
+        # Parameters in host memory (initialized by torch's CPU generator), or none at all on meta.
+        mcfg.use_cpu_initialization = True
+        if device == "meta":
+            mcfg.perform_initialization = False
         # The all-to-all dispatcher opens a CUDA stream when built; dispatchers hold no parameters,
         # so shape-level builds use the all-gather one.
         mcfg.moe_token_dispatcher_type = "allgather"
-    pg_collection = pg_collection or single_process_groups()
     spec = hybrid_stack_spec(config, backend, index_cache_plan=plan, topk_cache=cache)
     build_context = nullcontext() if device == "cuda" else cuda_buffers_on(device)
     with build_context, torch.device("meta") if device == "meta" else nullcontext():

@@ -1,5 +1,6 @@
 """Preflight before any training step: the patch series are applied (by checksum), the fused paths
-the config asks for are importable, and the GPU is one NAM56R's kernels are built for.
+the config asks for are importable and take its shapes (`nam56r.fused_constraints`), and the GPU is
+one NAM56R's kernels are built for.
 
     python -m nam56r.preflight --preset nam56r
 
@@ -114,6 +115,19 @@ def _importable(module: str, attribute: str | None = None) -> str | None:
     return None
 
 
+def _fused_shapes_check(config: ModelConfig) -> tuple[str, bool, str]:
+    name = "fused kernel shapes"
+    try:
+        from nam56r.fused_constraints import fused_kernel_violations
+
+        violations = fused_kernel_violations(config)
+    except ImportError as exc:
+        return name, False, f"cannot check them: {type(exc).__name__}: {exc}; {REBUILD}"
+    if violations:
+        return name, False, f"{config.name} violates {len(violations)}: " + "; ".join(violations)
+    return name, True, f"{config.name}'s shapes are supported by the fused DSA and Mamba-3 MIMO kernels it selects"
+
+
 def run_preflight(config: ModelConfig, *, root: Path = ROOT, require_gpu: bool = True) -> PreflightReport:
     report = PreflightReport()
     for upstream in ("megatron-lm", "mamba", "liger-kernel"):
@@ -137,6 +151,7 @@ def run_preflight(config: ModelConfig, *, root: Path = ROOT, require_gpu: bool =
     install_hint = "install the pinned wheels (`nox -s build`, or the offline cache on air-gapped nodes)"
     for name, problem in fused.items():
         report.add(name, problem is None, f"{problem}; {install_hint}" if problem else "importable")
+    report.add(*_fused_shapes_check(config))
 
     if require_gpu:
         import torch

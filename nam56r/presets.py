@@ -2,10 +2,13 @@
 
 - `nam56r`: the canonical model (hidden 4096, 52 layers, vocab 131072).
 - `nam56r-h3584`: the original's 3584-wide recipe as its recipe file states it; the width its
-  4.73B total / 3.03B active figures were quoted for (`ORIGINAL_CLAIMS`).
+  4.73B total / 3.03B active figures were quoted for (`ORIGINAL_CLAIMS`). Its 56 query heads are
+  no head count the fused sparse MLA takes: it counts parameters, and the preflight refuses it for
+  training on the fused path.
 - `nam56r-proxy`: one-GPU proxy for benchmarks on a single H100/H200: 16 layers with the same
   layer mix (`*EME*EME*EMM` + `*EME`) and the canonical widths.
-- `nam56r-tiny`: the same structure at toy sizes, for CPU tests.
+- `nam56r-tiny`: the same structure at toy sizes, for CPU tests and GPU smoke runs (on the same
+  fused kernels as the full model).
 """
 
 from __future__ import annotations
@@ -57,11 +60,15 @@ def nam56r_tiny() -> ModelConfig:
         name="nam56r-tiny",
         hidden_size=128,
         vocab_size=512,
-        seq_length=64,
+        # Twice the top-k, so that the indexer selects among more keys than it keeps.
+        seq_length=512,
         pattern_repeats=1,
-        # kv_lora + rope = 64: the TileLang sparse MLA takes power-of-two absorbed heads (patch 0006).
+        # The smallest shapes the strict fused path takes (nam56r.fused_constraints): latent value dim
+        # and rope tail powers of two >= 16 (4 heads pad to the sparse MLA's 16-head tile); 8 indexer
+        # heads, the fewest the TileLang indexer backward supports; top-k 256, a multiple of the
+        # sparse MLA's 64 and of the fused indexer KL kernel's 256.
         mla=MLAConfig(num_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_head_dim=32, qk_rope_head_dim=32, v_head_dim=32),
-        dsa=DSAConfig(indexer_heads=4, indexer_head_dim=64, topk=16),
+        dsa=DSAConfig(indexer_heads=8, indexer_head_dim=64, topk=256),
         index_cache=IndexCacheConfig(enabled=True, share_group=3),
         moe=MoEConfig(num_experts=4, topk=2, expert_ffn=32, shared_expert_ffn=48),
         mamba=Mamba3Config(d_state=32, head_dim=32, ngroups=2),

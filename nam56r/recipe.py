@@ -7,7 +7,8 @@ Megatron's own training flags; `nam56r.train` launches it.
 
 Runtime policy is checked here, not applied silently elsewhere: `check()` refuses combinations the
 original team found broken (CUDA graphs at PP=1: TE's graph pool took 39.5 GiB and OOMed the
-production topology) instead of quietly turning a switch off.
+production topology) instead of quietly turning a switch off, and model shapes the fused kernels
+refuse (`nam56r.fused_constraints`) before anything launches.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ class Recipe:
             )
         if self.tp != 1:
             problems.append(f"tp={self.tp}: NAM56R's Mamba-3 mixer and the fused linear CE run at tensor parallel 1 only")
-        model = get_preset(self.model)
+        model = self.model_config()
+        problems += [f"model {model.name}: {v}" for v in _fused_kernel_violations(model)]
         if model.moe.num_experts % self.ep:
             problems.append(f"expert parallel {self.ep} does not divide the {model.moe.num_experts} experts of {self.model}")
         per_step = self.micro_batch * max(self.data_parallel, 1)
@@ -130,6 +132,15 @@ class Recipe:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _fused_kernel_violations(model: ModelConfig) -> list[str]:
+    from nam56r.fused_constraints import fused_kernel_violations
+
+    try:
+        return fused_kernel_violations(model)
+    except ImportError as exc:  # the patched Megatron tree is missing
+        return [f"cannot check the fused kernels' shapes: {type(exc).__name__}: {exc}; run `nox -s build`"]
 
 
 class RecipeError(ValueError):

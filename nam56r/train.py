@@ -39,6 +39,7 @@ from nam56r.megatron_args import (
     refused_flags,
     transformer_config_from_args,
 )
+from nam56r.presets import PRESETS
 from nam56r.recipe import RECIPES, Recipe, RecipeError, get_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +58,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--list", action="store_true", help="list the recipes and exit")
     parser.add_argument("--dry-run", action="store_true", help="print the checks, the preflight and the exact command; start nothing")
     shape = parser.add_argument_group("overrides of the recipe")
+    shape.add_argument("--model", choices=sorted(PRESETS), help="model preset (e.g. nam56r on a recipe whose default is the proxy)")
     shape.add_argument("--mbs", type=int, dest="micro_batch", help="micro-batch size per GPU")
     shape.add_argument("--gbs", type=int, dest="global_batch", help="global batch size (sequences per step)")
     shape.add_argument("--steps", type=int, help="training steps")
@@ -93,6 +95,7 @@ def recipe_from(args: argparse.Namespace) -> Recipe:
     on_off = {"on": True, "off": False, None: None}
     return get_recipe(
         args.recipe,
+        model=args.model,
         micro_batch=args.micro_batch,
         global_batch=args.global_batch,
         steps=args.steps,

@@ -1,5 +1,6 @@
-"""GPU: the proxy preset's bf16 forward/backward, and a short training run on real text whose
-loss falls. Both print their figures (GPU, peak memory, step time) for the validation manifest."""
+"""GPU: building outside `pretrain` (the model-parallel RNG seeded once), the proxy preset's bf16
+forward/backward, and a short training run on real text whose loss falls. The last two print their
+figures (GPU, peak memory, step time) for the validation manifest."""
 
 from __future__ import annotations
 
@@ -23,10 +24,29 @@ def _bf16_model(preset: str):
     from nam56r.presets import get_preset
     from nam56r.specs import resolve_backend
 
-    built = build_model(get_preset(preset), resolve_backend("auto"), device="cuda")
+    built = build_model(get_preset(preset), resolve_backend("auto"), device="cuda", seed=0)
     model = built.model
     model.config.bf16 = True
     return Float16Module(model.config, model), built
+
+
+def test_a_build_outside_pretrain_seeds_the_model_parallel_rng_once(megatron_built) -> None:
+    """No `pretrain` seeded Megatron's CUDA RNG tracker here: the first build seeds it from its
+    `seed`, and a later one keeps that state."""
+    from megatron.core.tensor_parallel.random import _MODEL_PARALLEL_RNG_TRACKER_NAME, get_cuda_rng_tracker
+
+    from nam56r.model import build_model
+    from nam56r.presets import get_preset
+    from nam56r.specs import resolve_backend
+
+    tracker, config, backend = get_cuda_rng_tracker(), get_preset("nam56r-tiny"), resolve_backend("auto")
+    tracker.reset()
+    first = build_model(config, backend, device="cuda", seed=5).model
+    seeds = set(tracker.seeds_)
+    assert _MODEL_PARALLEL_RNG_TRACKER_NAME in tracker.get_states() and 5 in seeds
+    build_model(config, backend, device="cuda", seed=6)
+    assert tracker.seeds_ == seeds  # the state the first build seeded is kept
+    assert all(torch.isfinite(p).all() for p in first.parameters())
 
 
 def _lm_loss(model, tokens: torch.Tensor) -> torch.Tensor:

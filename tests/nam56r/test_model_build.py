@@ -71,3 +71,23 @@ def test_unknown_backend_and_device_are_rejected(megatron_built) -> None:
         resolve_backend("apex")
     with pytest.raises(ValueError, match="device must be"):
         build_model(get_preset("nam56r-tiny"), "local", device="tpu")
+
+
+def test_a_model_parallel_rng_state_set_before_the_build_is_kept(megatron_built) -> None:
+    """`pretrain` seeds Megatron's CUDA RNG tracker from --seed before it calls the model provider; a
+    "cuda" build keeps that state and seeds only a tracker without one. The seeding itself needs a
+    CUDA generator: tests/nam56r/test_gpu_model.py covers it on a GPU."""
+    from megatron.core.tensor_parallel.random import _MODEL_PARALLEL_RNG_TRACKER_NAME, get_cuda_rng_tracker
+
+    from nam56r.model import seed_model_parallel_rng, single_process_groups
+
+    tracker = get_cuda_rng_tracker()
+    saved_states, saved_seeds = tracker.get_states(), set(tracker.seeds_)
+    state = torch.ByteTensor([1, 2, 3])  # stands for the generator state pretrain recorded
+    tracker.set_states({_MODEL_PARALLEL_RNG_TRACKER_NAME: state})
+    try:
+        assert seed_model_parallel_rng(7, single_process_groups()) is False
+        assert tracker.get_states() == {_MODEL_PARALLEL_RNG_TRACKER_NAME: state} and 7 not in tracker.seeds_
+    finally:
+        tracker.set_states(saved_states)
+        tracker.seeds_ = saved_seeds

@@ -1,4 +1,4 @@
-"""Preflight: patch series applied by checksum, fused paths importable, GPU supported."""
+"""Preflight: patch series applied by checksum, fused paths importable and taking the shapes, GPU supported."""
 
 from __future__ import annotations
 
@@ -75,3 +75,27 @@ def test_this_checkout_passes_except_for_the_missing_gpu(megatron_built) -> None
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="gpu: no CUDA GPU visible"):
             report.raise_if_failed()
+
+
+def test_shapes_the_fused_kernels_refuse_fail_the_preflight_without_a_gpu(megatron_built) -> None:
+    """The tiny preset as it was (4 indexer heads, top-k 16) passed the preflight, then the H100 refused
+    it at the first DSA layer; the preflight now names it, on a machine without a GPU too."""
+    from dataclasses import replace
+
+    tiny = get_preset("nam56r-tiny")
+    old = replace(tiny, seq_length=64, dsa=replace(tiny.dsa, indexer_heads=4, topk=16)).validate()
+    (check,) = [c for c in run_preflight(old, require_gpu=False).checks if c.name == "fused kernel shapes"]
+    assert not check.ok and "indexer heads 4 unsupported by the TileLang indexer backward" in check.detail
+    assert "top-k 16 is not a multiple of 64" in check.detail
+    (check,) = [c for c in run_preflight(tiny, require_gpu=False).checks if c.name == "fused kernel shapes"]
+    assert check.ok, check.detail
+
+
+def test_preflight_cli_reports_the_fused_shapes_with_no_gpu(megatron_built) -> None:
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "nam56r.preflight", "--preset", "nam56r-h3584", "--no-gpu"], capture_output=True, text=True
+    )
+    (line,) = [line for line in proc.stdout.splitlines() if "fused kernel shapes" in line]
+    assert proc.returncode == 1 and line.startswith("FAIL") and "kernel heads 56 (mla.num_heads 56)" in line

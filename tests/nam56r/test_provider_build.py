@@ -1,0 +1,131 @@
+"""The training path's model build on CPU, with the real objects end to end: a recipe's lowered
+flags through Megatron's parser and `validate_args`, Megatron's global state set as `pretrain`'s
+argument parsing sets it, and the model provider `nam56r.pretrain` hands to `pretrain`, which derives
+Megatron's config from those flags and builds through Megatron's HybridModel and layer builders.
+Only the device differs from a GPU run: the provider's build lands on "meta" here."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from nam56r.megatron_args import DataPaths, RunPaths, lower, megatron_validate, transformer_config_from_args
+from nam56r.recipe import get_recipe
+
+BUILT_RECIPES = ["tiny-1gpu", "proxy-1gpu", "h200x8-bf16"]  # nam56r-tiny, nam56r-proxy, nam56r
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, megatron_built) -> Path:
+    """A real HuggingFace BPE tokenizer (byte level, 300 tokens) over this test's own source."""
+    from nam56r.data import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer([Path(__file__).read_text()], 300, out)
+    return out
+
+
+def _lowered(name: str, run_dir: Path, tokenizer: Path) -> tuple[list[str], object]:
+    recipe = get_recipe(name)
+    model = recipe.model_config()
+    data = DataPaths(run_dir / "train_text_document", None, tokenizer)
+    return lower(recipe, model, data, RunPaths(run_dir, None, None), "local"), recipe
+
+
+@pytest.fixture
+def megatron_globals():
+    """Megatron's global args and tokenizer, set as `parse_and_validate_args` sets them for `pretrain`;
+    unset afterwards."""
+    from megatron.training.global_vars import set_global_variables, unset_global_variables
+
+    def set_them(args) -> None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            set_global_variables(args)
+
+    yield set_them
+    unset_global_variables()
+
+
+@pytest.mark.parametrize("name", BUILT_RECIPES)
+def test_lowered_flags_build_through_pretrains_model_provider(name, tokenizer_dir, tmp_path, megatron_globals, monkeypatch):
+    from megatron.core.transformer.experimental_attention_variant.absorbed_mla import AbsorbedMLASelfAttention
+
+    import nam56r.model
+    from nam56r.mamba3_mixer import Mamba3Mixer
+    from nam56r.pattern import LayerKind
+    from nam56r.pretrain import model_provider
+
+    argv, recipe = _lowered(name, tmp_path, tokenizer_dir)
+    with contextlib.redirect_stdout(io.StringIO()):
+        args = megatron_validate(argv, recipe.world_size)
+    model_config = recipe.model_config()
+    Path(args.nam56r_model_config).write_text(json.dumps(model_config.to_dict()))  # as the launcher writes it
+    megatron_globals(args)
+
+    real_build, devices = nam56r.model.build_model, []
+
+    def build_on_meta(*a, device, **k):
+        devices.append(device)
+        return real_build(*a, device="meta", **k)
+
+    monkeypatch.setattr(nam56r.model, "build_model", build_on_meta)
+    model = model_provider(pre_process=True, post_process=True)
+
+    assert devices == ["cuda"]  # the provider's own build, redirected to meta on this CPU machine
+    assert isinstance(model, nam56r.model.NAM56RModel) and model.model_config == model_config
+    assert model.config.persist_layer_norm is False and model.config.num_layers == model_config.num_layers
+    assert len(model.decoder.layers) == model_config.num_layers
+    for layer, kind in zip(model.decoder.layers, nam56r.model.layout_of(model_config).main, strict=True):
+        is_dsa = isinstance(getattr(layer, "self_attention", None), AbsorbedMLASelfAttention)
+        is_mamba3 = isinstance(getattr(layer, "mixer", None), Mamba3Mixer)
+        assert (is_dsa, is_mamba3) == (kind is LayerKind.DSA, kind is LayerKind.MAMBA3), (kind, type(layer).__name__)
+    assert len(model.mtp.layers) == model_config.mtp.depths
+
+
+@pytest.mark.parametrize("name", BUILT_RECIPES)
+def test_lowered_flags_give_a_config_the_local_backend_builds(name, tokenizer_dir, tmp_path, megatron_built):
+    from nam56r.model import local_backend_problems
+
+    argv, recipe = _lowered(name, tmp_path, tokenizer_dir)
+    with contextlib.redirect_stdout(io.StringIO()):
+        cfg = transformer_config_from_args(megatron_validate(argv, recipe.world_size))
+    assert local_backend_problems(cfg) == []
+
+
+def test_a_config_the_local_backend_refuses_fails_before_building_and_names_every_setting(tokenizer_dir, tmp_path, megatron_built):
+    """Each setting the local backend is said to refuse is refused by Megatron's own torch norm or
+    linear, and build_model names all of them at once before Megatron asserts on the first."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear, layers
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    from nam56r.model import build_model, local_backend_problems
+
+    argv, recipe = _lowered("tiny-1gpu", tmp_path, tokenizer_dir)
+    norm_fields = ["persist_layer_norm", "layernorm_zero_centered_gamma", "sequence_parallel", "memory_efficient_layer_norm"]
+    for field in norm_fields:
+        with contextlib.redirect_stdout(io.StringIO()):
+            cfg = transformer_config_from_args(megatron_validate(argv, 1))
+        setattr(cfg, field, True)
+        assert [p.split("=")[0] for p in local_backend_problems(cfg)] == [field]
+        with pytest.raises(AssertionError):
+            WrappedTorchNorm(config=cfg, hidden_size=8)
+    if not layers._grad_accum_fusion_available:
+        with contextlib.redirect_stdout(io.StringIO()):
+            cfg = transformer_config_from_args(megatron_validate([a for a in argv if a != "--no-gradient-accumulation-fusion"], 1))
+        assert cfg.gradient_accumulation_fusion
+        assert [p.split("=")[0] for p in local_backend_problems(cfg)] == ["gradient_accumulation_fusion"]
+        cfg.use_cpu_initialization, cfg.perform_initialization = True, False
+        with pytest.raises(RuntimeError, match="gradient_accumulation_fusion"):
+            ColumnParallelLinear(8, 8, config=cfg, init_method=lambda w: None, gather_output=False)
+
+    flags = [a for a in argv if a != "--no-persist-layer-norm"] + ["--sequence-parallel"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        cfg = transformer_config_from_args(megatron_validate(flags, 1))
+    cfg.sequence_parallel = True  # validate_args turns it off at TP 1; a config from elsewhere may not
+    with pytest.raises(ValueError, match="the local backend cannot build") as err:
+        build_model(recipe.model_config(), "local", device="meta", megatron_cfg=cfg)
+    assert "persist_layer_norm=True" in str(err.value) and "sequence_parallel=True" in str(err.value)
