@@ -52,13 +52,13 @@ def test_cache_fill_verifies_what_the_directory_already_holds(lane: Lane, tmp_pa
     target.mkdir()
     (target / SDIST).write_bytes((lane.cache / SDIST).read_bytes())
 
-    result = lane.run("cache", "fill", str(target), offline=False)
+    result = lane.run("cache", "fill", str(target), "--artifacts-only", offline=False)
 
     assert result.code == 0, result.text
     assert f"fakeup: {target / SDIST} (cache, sha256 verified)" in result.out
 
     (target / SDIST).write_bytes(b"not the release")
-    refused = lane.run("cache", "fill", str(target), offline=False)
+    refused = lane.run("cache", "fill", str(target), "--artifacts-only", offline=False)
 
     assert refused.code == 1
     assert "refusing" in refused.err and sha256_of(target / SDIST) in refused.err

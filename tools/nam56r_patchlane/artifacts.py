@@ -1,18 +1,25 @@
 """Pinned release artifacts: fetched through pip (so the user's index, mirror and proxy settings
-apply), kept in a cache directory, and accepted only when their sha256 matches the lock."""
+apply), kept in a cache directory, and accepted only when their sha256 matches the lock.
+
+pip's finder locates the exact file the lock names and pip's session downloads it; `pip download`
+would also build an sdist's metadata, which runs its setup.py (pip_internals.py says more)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import PatchlaneError
 from .lock import Artifact, Upstream
+
+PIP_INTERNALS = Path(__file__).with_name("pip_internals.py")
 
 
 def default_cache_dir() -> Path:
@@ -44,31 +51,51 @@ def verify(path: Path, artifact: Artifact) -> None:
         )
 
 
-def pip_download(python: str, requirement: str, wheel: bool, dest: Path, upstream: Upstream | None = None) -> None:
-    """`pip download` one distribution without its dependencies into `dest`.
-
-    For an sdist pip builds its metadata; --no-build-isolation keeps that to seconds (the build deps
-    must be importable by `python`) instead of pulling a fresh torch into an isolated build env."""
-    cmd = [python, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", str(dest)]
-    cmd += ["--only-binary", ":all:"] if wheel else ["--no-binary", ":all:", "--no-build-isolation"]
-    if upstream is not None and upstream.ignore_requires_python:
-        cmd.append("--ignore-requires-python")
-    env = {**os.environ, **(upstream.env_for("cpu") if upstream else {})}
-    proc = subprocess.run([*cmd, requirement], capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
+def locate_and_save(python: str | None, project: str, version: str, filename: str | None, dest: Path) -> Path:
+    """Save one release file of `project` into `dest` through pip's finder (pip_internals.py locate): by exact
+    `filename`, or the sdist of `version` when `filename` is None. Nothing is built."""
+    request = {"project": project, "version": version, "filename": filename, "sdist": filename is None or not filename.endswith(".whl"),
+               "dest": str(dest)}
+    proc = subprocess.run([python or sys.executable, str(PIP_INTERNALS), "locate", json.dumps(request)], capture_output=True, text=True)
+    found = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else None
+    if found is None:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise PatchlaneError(
-            f"pip could not download {requirement}:\n{tail}",
-            "check your package index configuration (pip config list), or use --cache DIR --offline with"
-            " a cache filled by `apply_patches.py cache fill DIR` on a machine that can reach the index"
-            + ("; reading an sdist's metadata needs its build deps importable by the target python" if not wheel else ""),
+            f"pip could not fetch {project}=={version}" + (f" ({filename})" if filename else "") + f":\n{tail}",
+            "check your package index configuration (pip config list), or use --cache DIR --offline with a cache"
+            " filled by `apply_patches.py cache fill DIR` on a machine that can reach the index",
         )
+    if found["found"] is None:
+        same = ", ".join(found["same_version"]) or "no file of that version"
+        raise PatchlaneError(
+            f"{project}: the index has no {found['wanted']} (files of {version} there: {same})",
+            "the index serves different files for this release; check the lock and your index configuration",
+        )
+    return dest / found["found"]
+
+
+def pip_download(python: str, requirement: str, wheel: bool, dest: Path, upstream: Upstream | None = None) -> None:
+    """Download one release (`name==version`) without its dependencies into `dest`: its sdist, or with
+    `wheel` the wheel pip picks for `python`. Nothing is built (an sdist's setup.py may import torch)."""
+    project, _, version = requirement.partition("==")
+    if not wheel:
+        locate_and_save(python, project, version, None, dest)
+        return
+    cmd = [python, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--only-binary", ":all:", "-d", str(dest)]
+    if upstream is not None and upstream.ignore_requires_python:
+        cmd.append("--ignore-requires-python")
+    proc = subprocess.run([*cmd, requirement], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise PatchlaneError(f"pip could not download {requirement}:\n{tail}",
+                             "check your package index configuration (pip config list)")
 
 
 def fetch_artifact(
-    upstream: Upstream, cache_dir: Path, offline: bool, python: str, log=print
+    upstream: Upstream, cache_dir: Path, offline: bool, python: str | None = None, log=print
 ) -> FetchedArtifact:
-    """Return the verified local file for the upstream's pinned artifact, downloading if allowed."""
+    """Return the verified local file for the upstream's pinned artifact, downloading if allowed.
+    `python`: the interpreter whose pip (and configuration) fetches it (default: this one)."""
     artifact = upstream.artifact()
     cached = cache_dir / artifact.filename
     if cached.is_file():
@@ -82,34 +109,7 @@ def fetch_artifact(
     log(f"  downloading {upstream.requirement} ({artifact.filename}) through pip")
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".download-") as tmp:
-        pip_download(python, upstream.requirement, artifact.is_wheel, Path(tmp), upstream)
-        downloaded = Path(tmp) / artifact.filename
-        if not downloaded.is_file():
-            got = ", ".join(p.name for p in Path(tmp).iterdir()) or "nothing"
-            raise PatchlaneError(
-                f"{upstream.name}: pip downloaded {got}, not the pinned {artifact.filename}",
-                "the index serves a different file for this release; check the lock and your index",
-            )
+        downloaded = locate_and_save(python, upstream.pypi, upstream.version, artifact.filename, Path(tmp))
         verify(downloaded, artifact)
         shutil.move(str(downloaded), cached)
     return FetchedArtifact(path=cached, source="pypi")
-
-
-def download_wheels(
-    python: str, requirements: list[str], dest: Path, python_version: str | None, platforms: list[str], with_deps: bool = True
-) -> None:
-    """Download wheels for another interpreter into `dest`, for offline installs. `with_deps=False`
-    fetches exactly the named ones (for an environment that already has torch and the like)."""
-    if not requirements:
-        return
-    cmd = [python, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary", ":all:", "-d", str(dest)]
-    if not with_deps:
-        cmd.append("--no-deps")
-    if python_version:
-        cmd += ["--python-version", python_version, "--implementation", "cp"]
-        for platform in platforms:
-            cmd += ["--platform", platform]
-    proc = subprocess.run([*cmd, *requirements], capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise PatchlaneError(f"pip could not download wheels for {requirements}:\n{tail}")

@@ -6,6 +6,7 @@ nothing changed does no work and says so.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from . import environment as envmod
 from .apply import sync_series
 from .artifacts import fetch_artifact
+from .cachemanifest import MANIFEST_NAME, WHEELS_DIR, verify_cache
 from .errors import PatchlaneError
 from .lock import Lock
 from .materialize import materialize_upstream
@@ -31,6 +33,7 @@ class BuildOptions:
     discard: bool
     only: list[str] | None
     install: bool = True
+    base_python: str | None = None  # with env_dir: a new env is layered over this interpreter's packages
 
 
 @dataclass
@@ -71,7 +74,7 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
     upstreams = lock.select(options.only)
     progress = Progress(total=len(upstreams) + 2)
     progress.next("target environment")
-    target = envmod.resolve_target(options.env_dir, options.python, progress.log)
+    target = envmod.resolve_target(options.env_dir, options.python, progress.log, options.base_python)
     profile, why = envmod.detect_profile(options.profile)
     progress.log(f"  {target.description}; profile {profile}: {why}")
     for note in envmod.profile_notes(profile, lock):
@@ -85,10 +88,11 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
     probe_result = envmod.probe(target, requirements)
     changed = False
     if probe_result.missing and options.install:
+        source, pip_env = [], {}
+        if options.offline:
+            source, pip_env = _offline_source(lock, options.cache_dir, probe_result, torch_ok, progress)
         progress.log(f"  installing {len(probe_result.missing)} requirement(s): {' '.join(probe_result.missing)}")
-        # Offline: only the cache's wheels (filled by `cache fill DIR --wheels ...`), never an index.
-        source = ["--no-index", "--find-links", str(options.cache_dir / "wheels")] if options.offline else []
-        envmod.pip_install(target, [*source, *probe_result.missing], what="environment requirements")
+        envmod.pip_install(target, [*source, *probe_result.missing], env=pip_env, what="environment requirements")
         probe_result = envmod.probe(target, requirements)
         changed = True
     if probe_result.missing and options.install:
@@ -146,11 +150,35 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
     print(format_table(list(Row.__dataclass_fields__), [list(vars(r).values()) for r in rows]))
     if failures:
         raise PatchlaneError("imports failed in the target environment:\n" + "\n".join(f"  {f}" for f in failures))
+    if options.env_dir is not None and options.install:
+        envmod.write_build_record(options.env_dir, {"cache": str(options.cache_dir.resolve()), "offline": options.offline,
+                                                    "profile": profile, "base_python": envmod.layered_base(options.env_dir)})
     if not changed:
         print(f"no-op: every upstream is materialized, patched and installed as the lock and series say ({progress.elapsed().strip()})")
     else:
         print(f"done in {progress.elapsed().strip()}; target python: {target.python}")
     return 0
+
+
+def _offline_source(
+    lock: Lock, cache_dir: Path, probe_result: envmod.Probe, torch_ok: bool, progress: Progress
+) -> tuple[list[str], dict[str, str]]:
+    """pip options and environment installing from the verified cache only; refuses a cache that cannot serve
+    this environment."""
+    manifest = verify_cache(cache_dir, probe_result.python_version)
+    progress.log(f"  offline cache {cache_dir}: {len(manifest.files)} file(s) match {MANIFEST_NAME}"
+                 f" (filled for python {manifest.target.python_version}, profile {manifest.target.profile})")
+    if not torch_ok and "torch" in manifest.target.exclude:
+        have = probe_result.version_of("torch")
+        raise PatchlaneError(
+            f"the environment has {'torch ' + have if have else 'no torch'} (needs >= {lock.environment.torch_min}),"
+            f" and {cache_dir} leaves torch out (filled for the {manifest.target.profile} profile: the machine's own CUDA torch is used)",
+            "build over the interpreter that has it: --base-python /path/to/bin/python (the env sees its torch),"
+            " or --python it; or fill a cache with --profile cpu",
+        )
+    # No pip configuration either: a find-links or constraint of this machine's must not change what is installed.
+    isolated = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PIP_INDEX_URL": "", "PIP_EXTRA_INDEX_URL": "", "PIP_CONSTRAINT": ""}
+    return ["--no-index", "--find-links", str(cache_dir / WHEELS_DIR)], isolated
 
 
 def _row(upstream, state, series, tree, install: str, action: str) -> Row:

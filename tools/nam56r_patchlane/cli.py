@@ -7,9 +7,12 @@ import sys
 from pathlib import Path
 
 from . import apply as ops
-from .artifacts import default_cache_dir, download_wheels, fetch_artifact
+from .artifacts import default_cache_dir
 from .build import BuildOptions, format_table, run_build
+from .cachefill import FillOptions, run_fill
+from .cachemanifest import size_table, split_cache, verify_cache
 from .check import run_check
+from .environment import detect_profile
 from .errors import PatchlaneError
 from .gittree import UpstreamTree, is_git_tree
 from .lock import Lock, load_lock
@@ -17,6 +20,7 @@ from .manifest import Record, append_record, host_stamp, merge_records, now_utc,
 from .patchfile import CATEGORIES
 from .rebase import run_rebase
 from .series import read_series
+from .wheeltarget import WheelTarget
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2]
 EPILOG = """\
@@ -56,6 +60,7 @@ def cmd_build(args, lock: Lock) -> int:
     options = BuildOptions(
         root=args.root, cache_dir=args.cache, offline=args.offline, env_dir=env_dir, python=args.python,
         profile=args.profile, discard=args.discard, only=args.only or None, install=not args.no_install,
+        base_python=args.base_python,
     )
     return run_build(lock, options)
 
@@ -179,15 +184,33 @@ def cmd_rebase(args, lock: Lock) -> int:
 
 
 def cmd_cache_fill(args, lock: Lock) -> int:
-    python = default_python(args)
-    for upstream in lock.select(args.only):
-        fetched = fetch_artifact(upstream, args.dir, offline=False, python=python)
-        print(f"{upstream.name}: {fetched.path} ({fetched.source}, sha256 verified)")
-    if args.wheels:
-        wheels_dir = args.dir / "wheels"
-        wheels_dir.mkdir(parents=True, exist_ok=True)
-        download_wheels(python, args.wheels, wheels_dir, args.python_version, args.platform or [], with_deps=not args.no_deps)
-        print(f"wheels for {args.python_version or 'this python'}: {wheels_dir}")
+    profile, why = detect_profile(args.profile)
+    try:
+        target = WheelTarget.create(args.python_version, args.platform, profile)
+    except ValueError as exc:
+        raise PatchlaneError(str(exc)) from exc
+    if args.profile == "auto":
+        print(f"profile {profile}: {why} (name the target's with --profile)")
+    options = FillOptions(root=args.root, cache_dir=args.dir, target=target, exclude=tuple(args.exclude or ()),
+                          only=args.only or None, refresh=args.refresh, artifacts_only=args.artifacts_only,
+                          extra=tuple(args.wheels or ()))
+    return run_fill(lock, options)
+
+
+def cmd_cache_verify(args, lock: Lock) -> int:
+    manifest = verify_cache(args.dir, args.python_version)
+    target = manifest.target
+    print(f"{args.dir}: every file matches its manifest (python {target.python_version}, profile {target.profile},"
+          f" left out: {', '.join(target.exclude) or 'nothing'})")
+    print(format_table(["kind", "files", "MiB"], size_table(manifest)))
+    return 0
+
+
+def cmd_cache_split(args, lock: Lock) -> int:
+    manifest = verify_cache(args.dir)
+    parts = split_cache(args.dir, manifest, args.max_mib)
+    print(f"{len(parts)} part(s) under {args.dir}/.parts, each laid out like the cache. Carry each, then put them"
+          f" back together with: cp -a {args.dir}/.parts/*/. {args.dir}/   (`cache verify {args.dir}` checks the result)")
     return 0
 
 
@@ -250,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=["auto", "cpu", "gpu"], default="auto", help="cpu skips GPU-only builds, loudly (default: auto)")
     p.add_argument("--discard", action="store_true", help="set aside (under refs/patchlane/discarded/) edits and commits not in the series")
     p.add_argument("--no-install", action="store_true", help="materialize and patch only")
+    p.add_argument("--base-python", metavar="EXE",
+                   help="create --env with this interpreter, seeing its installed packages (a cluster's CUDA torch) after"
+                   " its own; nothing is installed into EXE's environment")
     p.add_argument("only", nargs="*", help="upstream names (default: all)")
 
     p = add("status", cmd_status, "per upstream: pin, source, applied N of M, dirty or clean")
@@ -293,14 +319,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, help="a git ref in the tree, or a PyPI version of the upstream")
     p.add_argument("--report", help="markdown report path (default: third_party/.rebase/<name>-<ref>.md)")
 
-    p = add("cache", cmd_cache_fill, "fill an offline cache: pinned artifacts (and optionally wheels) for --offline builds")
-    p.add_argument("action", choices=["fill"])
-    p.add_argument("dir", type=Path)
-    p.add_argument("--wheels", nargs="*", help="extra requirements to download as wheels into DIR/wheels")
-    p.add_argument("--python-version", help="target interpreter version for --wheels, e.g. 3.12")
-    p.add_argument("--platform", action="append", help="wheel platform tag for --wheels (repeatable)")
-    p.add_argument("--no-deps", action="store_true", help="with --wheels: only the named wheels, not their dependencies")
-    p.add_argument("only", nargs="*", default=None)
+    p = add("cache", cmd_cache_fill, "offline cache: `fill` it where an index is reachable, `verify` it, `split` it for transfers")
+    csub = p.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    c = csub.add_parser("fill", parents=[common], help="pinned artifacts + every wheel an offline build and nox need, for one target",
+                        description="Gather the pinned artifacts and every wheel an --offline build, nox and its sessions need on"
+                        " a target interpreter and platform, through pip; idempotent; ends with the cache's size per kind.")
+    c.set_defaults(func=cmd_cache_fill)
+    c.add_argument("dir", type=Path)
+    c.add_argument("--python-version", help="the target interpreter, e.g. 3.12 (default: this interpreter and its platform)")
+    c.add_argument("--platform", action="append",
+                   help="target platform tag, e.g. manylinux_2_28_x86_64 (older manylinux tags are added); repeatable")
+    c.add_argument("--profile", choices=["auto", "cpu", "gpu"], default="auto",
+                   help="cpu: torch comes from the cache; gpu: the target's own CUDA torch is used, torch is left out (default: auto)")
+    c.add_argument("--exclude", action="append", metavar="DIST",
+                   help="a distribution the target already has; it, and what only it needs, is left out (repeatable)")
+    c.add_argument("--wheels", nargs="+", metavar="REQ", help="more requirements to carry (with their dependencies)")
+    c.add_argument("--refresh", action="store_true", help="resolve again even when the manifest matches; remove what is no longer needed")
+    c.add_argument("--artifacts-only", action="store_true", help="only the lock's pinned artifacts, no wheels")
+    c.add_argument("only", nargs="*", default=None, help="upstream names whose artifacts to fetch (default: all)")
+    c = csub.add_parser("verify", parents=[common], help="check every file against the cache's manifest")
+    c.set_defaults(func=cmd_cache_verify)
+    c.add_argument("dir", type=Path)
+    c.add_argument("--python-version", help="also refuse a cache filled for another python, e.g. 3.12")
+    c = csub.add_parser("split", parents=[common], help="hard-link the files into DIR/.parts/NN of at most --max-mib each")
+    c.set_defaults(func=cmd_cache_split)
+    c.add_argument("dir", type=Path)
+    c.add_argument("--max-mib", type=float, required=True, help="the largest part, in MiB")
 
     p = add("manifest", cmd_manifest_list, "list validation records; `manifest add` appends one")
     msub = p.add_subparsers(dest="manifest_command")

@@ -69,19 +69,98 @@ class Probe:
         return info["editable"] if info else None
 
 
-def resolve_target(env_dir: Path | None, python: str | None, log=print) -> Target:
-    """`--python EXE` uses that interpreter's environment; `--env DIR` makes a venv there if needed."""
+def resolve_target(env_dir: Path | None, python: str | None, log=print, base_python: str | None = None) -> Target:
+    """`--python EXE` uses that interpreter's environment; `--env DIR` makes a venv there if needed,
+    layered over `base_python`'s environment when given (see create_layered_env)."""
     if python:
-        exe = shutil.which(python) or python
-        if not Path(exe).exists():
-            raise PatchlaneError(f"--python {python}: no such interpreter")
+        if base_python:
+            raise PatchlaneError("--python and --base-python exclude each other",
+                                 "--python installs into that interpreter's environment; --base-python makes --env see it")
+        exe = _interpreter(python, "--python")
         return Target(python=exe, description=f"interpreter {exe}")
     assert env_dir is not None
     exe = env_dir / "bin" / "python"
+    base = _interpreter(base_python, "--base-python") if base_python else None
     if not exe.exists():
-        log(f"  creating virtual environment {env_dir} (python {sys.version.split()[0]})")
-        venv.EnvBuilder(with_pip=True, clear=False, symlinks=True).create(env_dir)
-    return Target(python=str(exe), description=f"venv {env_dir}")
+        if base:
+            create_layered_env(env_dir, base, log)
+        else:
+            log(f"  creating virtual environment {env_dir} (python {sys.version.split()[0]})")
+            venv.EnvBuilder(with_pip=True, clear=False, symlinks=True).create(env_dir)
+    layered = layered_base(env_dir)
+    if base and layered != base:
+        raise PatchlaneError(
+            f"{env_dir} exists and is " + (f"layered over {layered}" if layered else "not layered over another environment")
+            + f", not over --base-python {base}",
+            f"move it aside (mv {env_dir} {env_dir}.old) and build again, or drop --base-python",
+        )
+    return Target(python=str(exe), description=f"venv {env_dir}" + (f" over {layered}'s packages" if layered else ""))
+
+
+def _interpreter(python: str, option: str) -> str:
+    """The interpreter's absolute path, symlinks kept (a venv's python is a symlink to its base's)."""
+    exe = shutil.which(python) or python
+    if not Path(exe).exists():
+        raise PatchlaneError(f"{option} {python}: no such interpreter")
+    return os.path.abspath(exe)
+
+
+LAYER_PTH = "nam56r-base-environment.pth"
+_LAYER_MARK = "# nam56r base-python: "
+# Runs in the base interpreter: its version and the site directories it imports from.
+_BASE_SITES = r"""
+import json, os, sys
+sites = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
+print(json.dumps({"version": "%d.%d.%d" % sys.version_info[:3], "sites": sites}))
+"""
+
+
+def create_layered_env(env_dir: Path, base_python: str, log=print) -> None:
+    """A venv made by `base_python`'s interpreter that also imports that interpreter's packages (a cluster's
+    CUDA torch, say), after its own: installs go into `env_dir`, the base environment is never modified.
+
+    `--system-site-packages` cannot do this when the base is itself a venv (it exposes the base's base).
+    A .pth file in the new venv adds the base's site directories with site.addsitedir (so .pth files there,
+    editable installs included, work too); pip sees the base's distributions and counts them as installed."""
+    proc = subprocess.run([base_python, "-c", _BASE_SITES], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PatchlaneError(f"--base-python {base_python} does not run:\n{proc.stderr.strip()}")
+    base = json.loads(proc.stdout)
+    log(f"  creating virtual environment {env_dir} with {base_python} (python {base['version']}),"
+        f" layered over its packages in {', '.join(base['sites']) or '(no site directory)'}")
+    made = subprocess.run([base_python, "-m", "venv", "--without-pip", str(env_dir)], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise PatchlaneError(f"{base_python} -m venv {env_dir} failed:\n{made.stderr.strip()}",
+                             "that interpreter needs its venv module (Debian/Ubuntu: the python3.X-venv package)")
+    python = str(env_dir / "bin" / "python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    lines = [f"{_LAYER_MARK}{base_python}\n"] + [f"import site; site.addsitedir({site!r})\n" for site in base["sites"]]
+    (Path(purelib) / LAYER_PTH).write_text("".join(lines))
+    if subprocess.run([python, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+        return
+    log(f"  {base_python} has no pip to share: installing one into {env_dir} with ensurepip")
+    ensured = subprocess.run([python, "-m", "ensurepip", "--default-pip"], capture_output=True, text=True)
+    if ensured.returncode != 0:
+        raise PatchlaneError(f"no pip in {env_dir}: the base has none and ensurepip failed:\n{ensured.stderr.strip()[-2000:]}",
+                             f"install pip into the base environment ({base_python} -m ensurepip, or your system's package)")
+
+
+def layered_base(env_dir: Path) -> str | None:
+    """The --base-python a venv was layered over, or None."""
+    for pth in (env_dir / "lib").glob(f"python*/site-packages/{LAYER_PTH}"):
+        first = pth.read_text().splitlines()[:1]
+        if first and first[0].startswith(_LAYER_MARK):
+            return first[0][len(_LAYER_MARK):]
+    return None
+
+
+BUILD_RECORD = "nam56r-build.json"
+
+
+def write_build_record(env_dir: Path, record: dict) -> None:
+    """How `env_dir` was last built (cache, offline, profile): noxfile.py replays it for the other sessions."""
+    (env_dir / BUILD_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 def probe(target: Target, requirements: list[str]) -> Probe:

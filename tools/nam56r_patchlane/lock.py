@@ -82,10 +82,27 @@ class Environment:
 
 
 @dataclass(frozen=True)
+class NoxRequirements:
+    """What nox and its sessions install besides the environment (the lock's [nox] table)."""
+
+    nox: str = ""  # nox itself, for a node that has no index: `pip install --no-index --find-links DIR/wheels nox`
+    tool: tuple[str, ...] = ()  # nox's own session environments (the patch tool's dependency)
+    formatters: tuple[str, ...] = ()
+    tests: tuple[str, ...] = ()
+    interpreter: tuple[str, ...] = ()
+    extras: tuple[str, ...] = ()  # pyproject.toml optional-dependency groups the sessions install
+
+    def requirements(self) -> list[str]:
+        """Everything the sessions install from an index, nox itself first (extras excluded: see pyproject)."""
+        return [r for r in (self.nox, *self.tool, *self.formatters, *self.tests, *self.interpreter) if r]
+
+
+@dataclass(frozen=True)
 class Lock:
     path: Path
     environment: Environment
     upstreams: tuple[Upstream, ...]
+    nox: NoxRequirements = field(default_factory=NoxRequirements)
 
     def get(self, name: str) -> Upstream:
         for upstream in self.upstreams:
@@ -157,4 +174,13 @@ def load_lock(root: Path) -> Lock:
     names = [u.name for u in upstreams]
     if len(set(names)) != len(names):
         raise PatchlaneError(f"{path}: duplicate upstream names in {names}")
-    return Lock(path=path, environment=environment, upstreams=upstreams)
+    return Lock(path=path, environment=environment, upstreams=upstreams, nox=_parse_nox(raw.get("nox", {}), path))
+
+
+def _parse_nox(raw: dict, path: Path) -> NoxRequirements:
+    known = set(NoxRequirements.__dataclass_fields__)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise PatchlaneError(f"{path} [nox]: unknown key(s) {unknown}", f"known keys: {sorted(known)}")
+    lists = {k: tuple(str(v) for v in raw.get(k, ())) for k in known if k != "nox"}
+    return NoxRequirements(nox=str(raw.get("nox", "")), **lists)
