@@ -23,6 +23,10 @@ from nam56r.config import ModelConfig
 # declines a top-k (the indices' last dimension) that is not a multiple of the other.
 SPARSE_MLA_MIN_KERNEL_HEADS = 16
 SPARSE_MLA_TOPK_MULTIPLE = 64
+# Megatron's `_check_sparse_mla_dims` accepts latent and rope dims of 16 and 32, but TileLang 0.1.8 cannot
+# lay out the sparse MLA forward's GEMMs for them: with kv_lora_rank = qk_rope_head_dim = 32 its layout
+# inference asserts `warp_col_tiles must be greater than 8, got 4` (seen on an H200); 64 and 64 compile.
+SPARSE_MLA_MIN_DIM = 64
 # mamba3_mimo (mamba_ssm ops/tilelang/mamba3/mamba3_mimo.py): it asserts the first two and warns
 # that other shapes than the tested ones may over-allocate shared memory or fail to compile.
 MAMBA3_MIMO_MIN_CHUNK = 8
@@ -73,6 +77,12 @@ def dsa_violations(config: ModelConfig) -> list[str]:
             f"(is_supported_indexer_bwd_head_count); set dsa.indexer_heads to one of {supported}"
         )
     problems += [f"{mla_path}: {p}" for p in _sparse_mla_dim_problems(mla.kv_lora_rank, mla.qk_rope_head_dim)]
+    for name, value in (("mla.kv_lora_rank", mla.kv_lora_rank), ("mla.qk_rope_head_dim", mla.qk_rope_head_dim)):
+        if value < SPARSE_MLA_MIN_DIM:
+            problems.append(
+                f"{mla_path}: {name} {value} is below {SPARSE_MLA_MIN_DIM}, the smallest dim TileLang 0.1.8 lays out for the "
+                f"sparse MLA's GEMMs (smaller ones fail to compile: warp_col_tiles < 8); set {name} >= {SPARSE_MLA_MIN_DIM}"
+            )
     kernel_heads = max(mla.num_heads, SPARSE_MLA_MIN_KERNEL_HEADS)
     if not tilelang_dsa._is_supported_sparse_mla_head_count(kernel_heads, kv_group=1):
         problems.append(

@@ -284,4 +284,8 @@ def build_model(
         )
     if (plan is not None) != (topk_cache_for(model) is not None):
         raise RuntimeError("IndexCache plan and the model's DSA layers disagree (a DSA layer was not built from our spec)")
+    if device == "cuda":
+        # Megatron's get_model moves the model to the GPU after the provider returns; a direct caller gets
+        # the same: modules that allocate without a device (torch norms) start on the CPU.
+        model.cuda(torch.cuda.current_device())
     return BuiltModel(model=model, layout=layout, backend=backend, index_cache_plan=plan)

@@ -67,7 +67,7 @@ def nam56r_tiny() -> ModelConfig:
         # and rope tail powers of two >= 16 (4 heads pad to the sparse MLA's 16-head tile); 8 indexer
         # heads, the fewest the TileLang indexer backward supports; top-k 256, a multiple of the
         # sparse MLA's 64 and of the fused indexer KL kernel's 256.
-        mla=MLAConfig(num_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_head_dim=32, qk_rope_head_dim=32, v_head_dim=32),
+        mla=MLAConfig(num_heads=4, q_lora_rank=32, kv_lora_rank=64, qk_head_dim=32, qk_rope_head_dim=64, v_head_dim=32),
         dsa=DSAConfig(indexer_heads=8, indexer_head_dim=64, topk=256),
         index_cache=IndexCacheConfig(enabled=True, share_group=3),
         moe=MoEConfig(num_experts=4, topk=2, expert_ffn=32, shared_expert_ffn=48),

@@ -81,6 +81,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     io_group.add_argument("--tokenizer", type=Path, help="HuggingFace tokenizer directory, when --data is a prefix")
     io_group.add_argument("--save", type=Path, help="checkpoint directory (default RUN_DIR/checkpoints)")
     io_group.add_argument("--load", type=Path, help="resume from this checkpoint directory")
+    io_group.add_argument("--no-save", action="store_true", help="write no checkpoint (throughput runs); refused with --save")
     io_group.add_argument("--run-dir", type=Path, help="logs, events, summary and plot (default runs/<recipe>-<time>)")
     multi = parser.add_argument_group("several nodes")
     multi.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0 (run the same command on every node)")
@@ -164,9 +165,11 @@ def choose_run_paths(args: argparse.Namespace, recipe: Recipe) -> RunPaths:
             "(the default name carries the launch time, which differs between nodes)"
         )
     run_dir = args.run_dir or ROOT / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    save = args.save or run_dir / "checkpoints"
+    if args.no_save and args.save is not None:
+        raise TrainError("--no-save and --save contradict each other: pass one")
+    save = None if args.no_save else args.save or run_dir / "checkpoints"
     load = args.load
-    if (save / CHECKPOINT_MARKER).is_file() and (load is None or load.resolve() != save.resolve()):
+    if save is not None and (save / CHECKPOINT_MARKER).is_file() and (load is None or load.resolve() != save.resolve()):
         raise TrainError(
             f"--save {save} already holds a checkpoint ({CHECKPOINT_MARKER}); to continue it pass --load {save}, "
             "otherwise choose another --save (checkpoints are never overwritten or deleted)"
@@ -238,7 +241,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     )
     print(f"data: {data.note}")
     print(
-        f"run dir: {run_paths.run_dir}; checkpoints: save {run_paths.save}" + (f", resume from {run_paths.load}" if run_paths.load else "")
+        f"run dir: {run_paths.run_dir}; checkpoints: " + (f"save {run_paths.save}" if run_paths.save else "none (--no-save)")
+        + (f", resume from {run_paths.load}" if run_paths.load else "")
     )
     report = run_preflight(model)
     if backend_problem:

@@ -25,7 +25,7 @@ def _tiny(**changes: dict) -> ModelConfig:
 
 
 # The tiny preset as it was before it was sized for the strict fused path.
-OLD_TINY = {"seq_length": 64, "dsa": {"indexer_heads": 4, "topk": 16}}
+OLD_TINY = {"seq_length": 64, "dsa": {"indexer_heads": 4, "topk": 16}, "mla": {"kv_lora_rank": 32, "qk_rope_head_dim": 32}}
 
 
 def _megatron_decline(config: ModelConfig, path: str) -> str:
@@ -72,6 +72,9 @@ def test_the_old_tiny_preset_is_refused_as_the_gpu_refused_it(megatron_built) ->
     problems = fused_kernel_violations(old)
     assert any("indexer heads 4 unsupported by the TileLang indexer backward" in p for p in problems), problems
     assert any("top-k 16 is not a multiple of 64" in p for p in problems), problems
+    # Megatron's own dims check passes 32/32; TileLang's sparse MLA forward failed to compile them on the H200.
+    assert any("mla.kv_lora_rank 32 is below 64" in p for p in problems), problems
+    assert any("mla.qk_rope_head_dim 32 is below 64" in p for p in problems), problems
     # The decline the H100 raised at the first DSA layer, and the one the sparse MLA would raise next.
     assert "indexer heads 4 unsupported by the TileLang indexer backward" in _megatron_decline(old, "indexer+loss")
     assert "top-k 16 is not a multiple of 64" in _megatron_decline(old, "sparse MLA")
@@ -81,8 +84,8 @@ def test_the_old_tiny_preset_is_refused_as_the_gpu_refused_it(megatron_built) ->
     ("changes", "ours", "megatron_path", "megatron_reason"),
     [
         ({"dsa": {"indexer_heads": 12}}, "indexer heads 12 unsupported", "indexer+loss", "indexer heads 12 unsupported"),
-        ({"mla": {"kv_lora_rank": 48}}, "value dim to be a power of two >= 16, got 48", "sparse MLA", "v_channels 48 is not"),
-        ({"mla": {"qk_rope_head_dim": 48}}, "rope tail dim to be a power of two >= 16, got 48", "sparse MLA", "rope tail"),
+        ({"mla": {"kv_lora_rank": 96}}, "value dim to be a power of two >= 16, got 96", "sparse MLA", "v_channels 96 is not"),
+        ({"mla": {"qk_rope_head_dim": 96}}, "rope tail dim to be a power of two >= 16, got 96", "sparse MLA", "rope tail"),
         ({"mla": {"num_heads": 24}}, "kernel heads 24 (mla.num_heads 24)", "sparse MLA", "kernel heads 24"),
     ],
 )

@@ -82,6 +82,18 @@ def test_overrides_reach_the_flags(tiny_data, tmp_path):
     assert flags[flags.index("--train-iters") + 1] == "7"
 
 
+def test_model_override_and_no_save_reach_the_flags(tiny_data, tmp_path):
+    base = ["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--run-dir", str(tmp_path / "run")]
+    code, out, err = _run([*base, "--model", "nam56r-proxy", "--no-save"])
+    assert code == 0, err
+    assert "model nam56r-proxy" in out and "checkpoints: none (--no-save)" in out
+    flags = _command_line(out)
+    assert "--save" not in flags
+    assert flags[flags.index("--hidden-size") + 1] == "4096"  # the proxy's width, not the tiny recipe's preset
+    code, _, err = _run([*base, "--no-save", "--save", str(tmp_path / "ckpt")])
+    assert code == 2 and "--no-save and --save contradict" in err
+
+
 def test_mock_data_and_null_tokenizer_are_refused(tiny_data, tmp_path):
     for extra in (["--mock-data"], ["--tokenizer-type", "NullTokenizer"]):
         code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--run-dir", str(tmp_path), "--", *extra])
