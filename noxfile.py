@@ -11,28 +11,34 @@
 
 `.venv` is the environment the stack runs in (training, tests, reproducers). nox's own session
 environments only carry the patch tool's dependency (GitPython).
-Pass build options after `--`: `nox -s build -- --profile cpu --cache DIR --offline`.
+Pass build options after `--`: `nox -s build -- --profile cpu --cache DIR --offline`. With a GPU
+machine's own CUDA torch: `nox -s build -- --base-python /path/to/bin/python` (.venv sees its packages).
+After an offline build, every session installs from that cache (.venv records it).
 """
 
 from __future__ import annotations
 
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import nox
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+from nam56r_patchlane import noxsupport  # noqa: E402  (standard library only: nox's interpreter has no GitPython)
+
 VENV = ROOT / ".venv"
 VENV_PYTHON = VENV / "bin" / "python"
 TOOL = str(ROOT / "tools" / "apply_patches.py")
-TOOL_REQUIREMENTS = ["gitpython>=3.1.40"]
-# Megatron-LM's pyproject requires black 26; `packs preflight` runs it (and isort) on our changed lines.
-FORMATTERS = ["black==26.10.1", "isort==6.1.0"]
-# The kernels' CPU tests run under Triton 3.6's interpreter, which converts 1-element arrays with int():
-# an error since numpy 2.4 (triton-lang/triton#9171, fixed after 3.6). Drop once the pinned triton has the fix.
-INTERPRETER_REQUIREMENTS = ["numpy<2.4"]
 
+# What the sessions install besides the environment: the lock's [nox] table (an offline cache carries these too).
+_NOX = tomllib.loads((ROOT / "third_party" / "upstreams.toml").read_text())["nox"]
+TOOL_REQUIREMENTS = _NOX["tool"]
+FORMATTERS = _NOX["formatters"]
+TEST_REQUIREMENTS = _NOX["tests"]
+INTERPRETER_REQUIREMENTS = _NOX["interpreter"]
 # The training extras, read from pyproject.toml so the list lives in one place.
 TRAIN_REQUIREMENTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
 
@@ -41,7 +47,8 @@ nox.options.reuse_venv = "yes"
 
 
 def _tool(session: nox.Session, *args: str) -> None:
-    session.install(*TOOL_REQUIREMENTS)
+    """apply_patches.py ARGS in nox's session environment; with `--offline` among ARGS, GitPython comes from the cache."""
+    session.install(*noxsupport.install_source(args).pip_args(), *TOOL_REQUIREMENTS)
     session.run("python", TOOL, *args)
 
 
@@ -52,11 +59,19 @@ def build(session: nox.Session) -> None:
 
 
 def _build(session: nox.Session, *options: str) -> None:
-    """The build every other session starts with; their own arguments are not build options."""
+    """The build every other session starts with; their own arguments are not build options. Without
+    options it replays .venv's last offline build (cache, profile), so sessions never reach an index then."""
+    try:
+        options, origin = noxsupport.session_build_options(VENV, options)
+    except ValueError as exc:
+        session.error(str(exc))
+    if origin:
+        session.log(origin)
     _tool(session, "build", "--env", str(VENV), *options)
     if not _project_installed():
         session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "--no-deps", "--no-build-isolation", "-e", str(ROOT), external=True)
+                    *noxsupport.install_source(options).pip_args(), "--no-deps", "--no-build-isolation", "-e", str(ROOT),
+                    external=True)
 
 
 def _project_installed() -> bool:
@@ -67,14 +82,17 @@ def _project_installed() -> bool:
 
 
 def _venv_install(session: nox.Session, *requirements: str) -> None:
-    session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements, external=True)
+    """pip install into .venv, from the offline cache when .venv was built offline."""
+    source = noxsupport.install_source(noxsupport.recorded_build_options(VENV)).pip_args()
+    session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *source, *requirements,
+                external=True)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Build (a no-op when up to date), then run the CPU test suite in .venv."""
     _build(session)
-    _venv_install(session, "pytest>=8", *FORMATTERS, *TRAIN_REQUIREMENTS, *INTERPRETER_REQUIREMENTS)
+    _venv_install(session, *TEST_REQUIREMENTS, *FORMATTERS, *TRAIN_REQUIREMENTS, *INTERPRETER_REQUIREMENTS)
     session.run(str(VENV_PYTHON), "-m", "pytest", *(session.posargs or ["-q"]), external=True)
 
 
@@ -123,5 +141,16 @@ def packs(session: nox.Session) -> None:
     if not session.posargs:
         session.error("give a command after --, e.g. `nox -s packs -- list` (`-- --help` lists them)")
     _build(session)
-    session.run(str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *FORMATTERS, external=True)
+    _venv_install(session, *FORMATTERS)
     session.run(str(VENV_PYTHON), str(ROOT / "tools" / "packs.py"), *session.posargs, external=True)
+
+
+@nox.session(name="gpu-check")
+def gpu_check(session: nox.Session) -> None:
+    """A GPU node's acceptance check (python -m nam56r.gpu_check): GPU tests, GPU packs, tiny train + resume; one JSON summary."""
+    _build(session)
+    _venv_install(session, *TEST_REQUIREMENTS, *TRAIN_REQUIREMENTS)
+    session.run(str(VENV_PYTHON), "-m", "nam56r.gpu_check", *session.posargs, external=True)
+
+
+nox.session(name="gpu_check")(gpu_check)  # nox matches a session's name exactly: both spellings run it

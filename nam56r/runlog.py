@@ -7,7 +7,9 @@ TensorBoard events Megatron writes (`training_log` in megatron/training/training
 Works on a run in progress (it reads what has been flushed). Writes, next to the events unless
 `--out` says otherwise: `metrics.jsonl` (one line per logged step with every scalar Megatron wrote
 there, plus tokens/s/GPU and TFLOP/s/GPU), `summary.json` (medians over a stated steady-state
-window, peak memory, first/last losses, the FLOP formula) and `loss_throughput.png`.
+window, peak memory, first/last losses, the time to the first step, the FLOP formula) and
+`loss_throughput.png`. `--record` then appends the run's train record to patches/manifest.toml
+(`nam56r.train_record`).
 
 Megatron's tags (core_v0.19.0): 'lm loss' and the other loss keys ('mtp_1 loss', 'indexer loss')
 at every --tensorboard-log-interval step; 'iteration-time' (seconds per iteration, averaged over
@@ -118,6 +120,21 @@ def loss_curve(tensorboard_dir: Path | str, tag: str = LOSS_TAG) -> list[tuple[i
     return sorted(scalars[tag].items())
 
 
+def time_to_first_step(tensorboard_dir: Path | str) -> float | None:
+    """Seconds from the creation of the run's TensorBoard writer (Megatron makes it in
+    initialize_megatron, before the model is built) to its first logged 'lm loss': the model build,
+    a checkpoint load, the data loaders and the first step with its kernel compilation. Read from the
+    earliest event file (a run resumed into the same folder adds later ones); None if it logs no loss."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    started = None
+    for event in EventFileLoader(str(event_files(tensorboard_dir)[0])).Load():
+        started = event.wall_time if started is None else started  # the first event: the writer's file_version
+        if any(value.tag == LOSS_TAG for value in event.summary.value):
+            return event.wall_time - started
+    return None
+
+
 def compare_loss_curves(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]], steps: Iterable[int]) -> float:
     """Largest |a - b| over `steps`, e.g. steps N+1.. of a run resumed from step N against an
     uninterrupted run. A step missing from either curve or a non-finite loss raises: a resume test
@@ -169,6 +186,7 @@ class RunSummary:
     first_step: int
     last_step: int
     files: Mapping[str, str]
+    time_to_first_step_s: float | None = None  # see time_to_first_step()
 
     def to_json(self) -> dict:
         return {
@@ -179,6 +197,7 @@ class RunSummary:
             "flop_formula": self.formula,
             "flops_per_token": self.flops_per_token,
             "steps": {"first": self.first_step, "last": self.last_step},
+            "time_to_first_step_s": self.time_to_first_step_s,
             "window": {
                 "first_step": self.window.first_step,
                 "last_step": self.window.last_step,
@@ -315,6 +334,7 @@ def summarize_run(
         first_step=steps[0],
         last_step=steps[-1],
         files=files,
+        time_to_first_step_s=time_to_first_step(directory),
     )
     with open(files["metrics"], "w") as f:
         for row in rows:
@@ -407,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, help="sequence length (default: the model config's)")
     parser.add_argument("--world-size", type=int, help="GPUs of the run (default: from the run's recipe.json)")
     parser.add_argument("--out", type=Path, help="where to write metrics.jsonl, summary.json and the plot (default: RUN_DIR)")
+    parser.add_argument("--record", action="store_true", help="then append the run's train record to patches/manifest.toml")
+    parser.add_argument("--root", type=Path, help="with --record: the checkout whose patches/manifest.toml gets it (default: this one)")
     parser.add_argument(
         "--window",
         type=int,
@@ -438,6 +460,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"peak memory {memory}")
     print(f"lm loss {lm.get('first')} (step {lm.get('first_step')}) -> {lm.get('last')} (step {lm.get('last_step')})")
     print("wrote " + ", ".join(summary.files.values()))
+    if args.record:
+        from nam56r.train_record import ROOT, append_train_record
+
+        try:
+            record, path = append_train_record(args.run_dir, args.root or ROOT, Path(summary.files["summary"]))
+        except (FileNotFoundError, ValueError) as error:
+            print(f"error: not recorded: {error}", file=sys.stderr)
+            return 1
+        print(f"appended to {path}: {record.what} ({record.figures})")
     return 0
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import math
 import platform
 import sys
 import tomllib
 
 import pytest
+from nam56r_patchlane.errors import PatchlaneError
+from nam56r_patchlane.manifest import TrainRecord, append_record, merge_records, parse_host_line, record_from_table
 from nam56r_patchlane.patchfile import read_patch
 from patchlane_testlib import Lane
 
@@ -149,3 +152,60 @@ def test_merge_appends_only_the_records_this_manifest_lacks(lane: Lane, tmp_path
     assert again.code == 0 and "0 record(s)" in again.out
     listed = lane.run("manifest", "list").out
     assert "FIX_VALIDATED" in listed and "BUG_REPRODUCED" in listed
+
+
+def train_record(**changes) -> TrainRecord:
+    fields = dict(
+        what="train:tiny-1gpu",
+        host=parse_host_line("host: gpu=NVIDIA H100 80GB HBM3 (sm 9.0) driver=580 python=3.12.3 torch=2.11 triton=3.6.0 cuda=13.0"),
+        commit="3f47172" + "0" * 33, dirty=False, command="torchrun --nproc-per-node 1 -m nam56r.pretrain --train-iters 20",
+        exit_code=0, sentinels=(), date="2026-11-24T10:00:00Z", run_dir="runs/gpu-check/train/full", recipe="tiny-1gpu",
+        preset="nam56r-tiny", world_size=1, seq_length=256, global_batch_size=16, first_step=1, last_step=20,
+        loss_first=6.25, loss_final=4.5, tokens_per_s_per_gpu=41234.5, tflops_per_s_per_gpu=1.25, peak_memory_gib=3.5,
+        time_to_first_step_s=95.0, figures="lm loss 6.25 -> 4.50",
+    )
+    return TrainRecord(**{**fields, **changes})
+
+
+def test_a_train_record_round_trips_beside_validation_records(lane: Lane) -> None:
+    add(lane, sys.executable, "--exit-code", "0")
+    record = train_record()
+
+    append_record(lane.root, record)
+
+    validation, train = records(lane)
+    assert validation["what"] == WHAT and "kind" not in validation
+    assert train["kind"] == "train" and train["dirty"] is False and train["loss_final"] == 4.5 and train["last_step"] == 20
+    assert record_from_table(train) == record
+    listed = lane.run("manifest", "list")
+    assert listed.code == 0 and "train:tiny-1gpu" in listed.out and "NVIDIA H100 80GB HBM3" in listed.out
+
+
+def test_a_train_record_leaves_out_what_the_run_did_not_log_and_keeps_a_diverged_loss(lane: Lane, tmp_path) -> None:
+    record = train_record(peak_memory_gib=None, time_to_first_step_s=None, loss_final=math.nan)
+
+    append_record(lane.root, record)
+
+    (raw,) = records(lane)
+    assert "peak_memory_gib" not in raw and "time_to_first_step_s" not in raw
+    assert math.isnan(raw["loss_final"])
+    back = record_from_table(raw)
+    assert back.peak_memory_gib is None and back.time_to_first_step_s is None and math.isnan(back.loss_final)
+    other = tmp_path / "other"
+    (other / "patches").mkdir(parents=True)
+    assert merge_records(other, lane.root / "patches" / "manifest.toml") == 1
+    assert merge_records(other, lane.root / "patches" / "manifest.toml") == 0  # nan != nan must not duplicate it
+    (merged,) = tomllib.loads((other / "patches" / "manifest.toml").read_text())["record"]
+    assert merged["kind"] == "train" and merged["what"] == "train:tiny-1gpu" and math.isnan(merged["loss_final"])
+
+
+def test_an_append_to_a_manifest_that_is_not_valid_toml_writes_nothing(lane: Lane) -> None:
+    manifest = lane.root / "patches" / "manifest.toml"
+    append_record(lane.root, train_record())
+    broken = manifest.read_text().replace("[record.host]", "[record.host", 1)  # a hand edit gone wrong
+    manifest.write_text(broken)
+
+    with pytest.raises(PatchlaneError, match="would make it invalid TOML"):
+        append_record(lane.root, train_record())
+
+    assert manifest.read_text() == broken

@@ -10,103 +10,10 @@ from pathlib import Path
 
 import pytest
 from nam56r_patchlane.packs_cli import main as packs_main
+from packs_testlib import BODY, PACK, PATCH, REPRO, add_pack, pack_toml, set_header
 from patchlane_testlib import Lane, Result
 
-PACK = "02-util-guard"
-PATCH = "0002-util-guard.patch"
 TODAY = "2026-11-23"
-
-REPRO = '''\
-"""Reproducer of the fake util guard: first([]) raises on the release, returns None patched."""
-import argparse
-import subprocess
-import sys
-
-parser = argparse.ArgumentParser()
-parser.add_argument("--tree", required=True)
-parser.add_argument("--mode", default="honest")
-args = parser.parse_args()
-
-
-def git(*a):
-    return subprocess.run(["git", "-C", args.tree, *a], capture_output=True, text=True, check=True).stdout.strip()
-
-
-print(f"host: gpu=cpu driver=- python=3.11.0 torch=- triton=- cuda=- upstream=fakeup base={git('rev-parse', 'upstream')[:12]}"
-      f" tree={git('rev-parse', 'HEAD')[:12]}")
-if args.mode == "gpu":
-    print("NEEDS_GPU: this reproducer needs a CUDA GPU")
-    sys.exit(3)
-sys.path.insert(0, args.tree)
-import fakeup  # noqa: E402
-
-has_fix = "Return None from first()" in git("log", "--format=%s", "upstream..HEAD")
-try:
-    value = fakeup.first([])
-except IndexError as exc:
-    print(f"BUG_REPRODUCED: first([]) raised IndexError: {exc}")
-    sys.exit(1 if has_fix else 0)
-if args.mode == "liar":
-    print("BUG_REPRODUCED: (a reproducer that lies)")
-    sys.exit(0)
-print(f"FIX_VALIDATED: first([]) returned {value!r}")
-sys.exit(0 if has_fix else 1)
-'''
-
-BODY = '''\
-# fakeup: `first()` raises IndexError on an empty list
-
-## Summary
-`fakeup.util.first([])` raises instead of returning `None`.
-
-## How to reproduce
-The reproducer is attached as `repro.py`:
-
-```
-python repro.py --tree /path/to/fakeup
-```
-
-| tree | prints |
-| --- | --- |
-| v1 | BUG_REPRODUCED |
-| patched | FIX_VALIDATED |
-'''
-
-
-def pack_toml(args: list[str] | None = None, wave: str = "crash-fix", state: str = "new", fixed_in: str = "") -> str:
-    return f'''\
-id = "{PACK}"
-title = "first() raises IndexError on an empty list"
-target = "example/fakeup"
-upstream = "fakeup"
-patches = ["{PATCH}"]
-kind = "pr"
-wave = "{wave}"
-
-[upstream_state]
-state = "{state}"
-url = ""
-fixed_in = "{fixed_in}"
-searched = "2026-11-20"
-notes = "searched the tracker for 'first empty list': nothing relevant"
-
-[reproducer]
-script = "repro.py"
-needs = "cpu"
-args = {json.dumps(args or [])}
-base = "BUG_REPRODUCED"
-patched = ["FIX_VALIDATED"]
-
-[scope]
-proves = ["first([]) returns None on the patched tree"]
-does_not_prove = ["anything about other functions"]
-
-[filing]
-approved_by = ""
-approved_on = ""
-filed_url = ""
-filed_on = ""
-'''
 
 
 def packs(lane: Lane, *args: str) -> Result:
@@ -120,25 +27,10 @@ def packs(lane: Lane, *args: str) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
-def set_header(lane: Lane, name: str, field: str, value: str) -> None:
-    path = lane.patches / name
-    path.write_text(re.sub(rf"^{field}: .*$", f"{field}: {value}", path.read_text(), count=1, flags=re.M))
-
-
 @pytest.fixture
 def packed(built: Lane) -> Lane:
     """The built lane with a pack for 0002 (0001 and 0003 stay not-for-upstream), rebuilt to match."""
-    folder = built.root / "patches" / "packs" / PACK
-    folder.mkdir(parents=True)
-    (folder / "pack.toml").write_text(pack_toml())
-    (folder / "body.md").write_text(BODY)
-    (folder / "repro.py").write_text(REPRO)
-    set_header(built, PATCH, "Pack", PACK)
-    set_header(built, PATCH, "Reproducer", f"patches/packs/{PACK}/repro.py")
-    set_header(built, PATCH, "Upstream-Status", "not-filed")
-    result = built.build()
-    assert result.code == 0, result.text
-    return built
+    return add_pack(built)
 
 
 def records(lane: Lane) -> list[dict]:
@@ -181,6 +73,95 @@ def test_a_gpu_reproducer_on_a_cpu_host_exits_3_and_records_nothing(packed: Lane
     assert result.code == 3
     assert "NEEDS_GPU" in result.out
     assert records(packed) == []
+
+
+def test_a_base_side_that_exits_as_documented_passes_and_counts_as_a_pass(packed: Lane) -> None:
+    """A reproducer that prints BUG_REPRODUCED on the base and exits 1 there (it takes only the release's
+    own commit for the base; the base side also holds 0001) passes when pack.toml documents base_exit = 1."""
+    (packed.root / "patches" / "packs" / PACK / "pack.toml").write_text(pack_toml(args=["--mode", "release-is-base"], base_exit=1))
+
+    result = packs(packed, "run", PACK)
+
+    assert result.code == 0, result.text
+    assert f"{PACK}: passed: base exit 1 BUG_REPRODUCED, patched exit 0 FIX_VALIDATED" in result.out
+    assert [(r["side"], r["exit_code"], r["sentinels"]) for r in records(packed)] == [
+        ("base", 1, ["BUG_REPRODUCED"]), ("patched", 0, ["FIX_VALIDATED"])]
+    approved = packs(packed, "approve", PACK, "--by", "Jane Maintainer")  # its preflight reads the records as passes
+    assert approved.code == 0, approved.text
+
+
+@pytest.mark.parametrize(("mode", "base_exit", "expected"), [
+    ("release-is-base", None, "base: exit code 1 (pack.toml documents exit 0 for the base side (reproducer.base_exit))"),
+    ("honest", 1, "base: exit code 0 (pack.toml documents exit 1 for the base side (reproducer.base_exit))"),
+    ("exit3", None, "base: exit code 3 (pack.toml documents exit 0 for the base side (reproducer.base_exit))"),
+])
+def test_a_base_exit_code_pack_toml_does_not_document_fails(packed: Lane, mode: str, base_exit: int | None, expected: str) -> None:
+    (packed.root / "patches" / "packs" / PACK / "pack.toml").write_text(pack_toml(args=["--mode", mode], base_exit=base_exit))
+
+    result = packs(packed, "run", PACK)
+
+    assert result.code == 1, result.text
+    assert expected in result.out
+    assert f"{PACK}: FAILED: base exit" in result.out
+    assert [r["side"] for r in records(packed)] == ["base", "patched"]  # recorded, never as a pass
+    refused = packs(packed, "approve", PACK, "--by", "Jane Maintainer")
+    assert refused.code == 1 and "no passing base run for the current checksum (never passed)" in refused.out
+
+
+def test_a_base_exit_outside_the_contract_is_a_pack_problem(packed: Lane) -> None:
+    (packed.root / "patches" / "packs" / PACK / "pack.toml").write_text(pack_toml(base_exit=3))
+
+    result = packs(packed, "list")
+
+    assert result.code == 1
+    assert f"pack {PACK}: reproducer.base_exit 3 is not one of 0, 1 (3 means NEEDS_GPU, never a result)" in result.out
+
+
+def test_run_all_runs_every_pack_past_one_that_cannot_run_and_reports_each(packed: Lane, tmp_path: Path) -> None:
+    broken = packed.root / "patches" / "packs" / "01-broken"  # sorts first; its upstream is not in the lock
+    broken.mkdir()
+    (broken / "pack.toml").write_text(pack_toml(pack_id="01-broken", upstream="nope"))
+    (broken / "body.md").write_text(BODY)
+    (broken / "repro.py").write_text(REPRO)
+    report_path = tmp_path / "report" / "packs.json"
+
+    result = packs(packed, "run", "--all", "--json", str(report_path))
+
+    assert result.code == 1, result.text
+    assert "01-broken: ERROR: 01-broken: pack.toml has problems:" in result.out
+    assert "upstream 'nope' is not in the lock" in result.out
+    assert "[base] BUG_REPRODUCED: first([]) raised IndexError" in result.out  # 02 ran after 01 could not
+    assert f"{PACK}: passed" in result.out
+    assert "packs run: 2 pack(s): 1 passed, 1 ERROR" in result.out
+    assert re.search(r"^  01-broken +ERROR$", result.out, re.M) and re.search(rf"^  {PACK} +passed$", result.out, re.M)
+    report = json.loads(report_path.read_text())
+    assert report["exit_code"] == 1
+    assert [(p["pack"], p["verdict"], p["exit_code"]) for p in report["packs"]] == [("01-broken", "ERROR", 1), (PACK, "passed", 0)]
+    assert "upstream 'nope' is not in the lock" in report["packs"][0]["problems"][0]
+    sides = report["packs"][1]["sides"]
+    assert [(s["side"], s["exit_code"], s["sentinels"], s["problems"]) for s in sides] == [
+        ("base", 0, ["BUG_REPRODUCED"], []), ("patched", 0, ["FIX_VALIDATED"], [])]
+    appended = report["packs"][1]["records"]
+    assert [{k: v for k, v in r.items() if k != "sentinels"} for r in appended] == [
+        {k: v for k, v in r.items() if k != "sentinels"} for r in records(packed)]
+    assert [r["sentinels"] for r in appended] == [r["sentinels"] for r in records(packed)]
+
+
+def test_run_all_fails_when_any_pack_fails_even_after_a_pass(packed: Lane) -> None:
+    liar = packed.root / "patches" / "packs" / "03-liar"  # sorts after the passing pack
+    liar.mkdir()
+    (liar / "pack.toml").write_text(pack_toml(pack_id="03-liar", args=["--mode", "liar"]).replace(f'"{PATCH}"', '"0003-io-encoding.patch"'))
+    (liar / "body.md").write_text(BODY)
+    (liar / "repro.py").write_text(REPRO)
+    set_header(packed, "0003-io-encoding.patch", "Pack", "03-liar")
+    set_header(packed, "0003-io-encoding.patch", "Upstream-Status", "not-filed")
+    assert packed.build().code == 0
+
+    result = packs(packed, "run", "--all", "--no-record")
+
+    assert result.code == 1, result.text
+    assert f"{PACK}: passed" in result.out and "03-liar: FAILED" in result.out
+    assert "packs run: 2 pack(s): 1 passed, 1 FAILED" in result.out
 
 
 def test_preflight_passes_on_a_clean_approved_pack(packed: Lane) -> None:

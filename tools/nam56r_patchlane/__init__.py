@@ -3,6 +3,12 @@
 Modules, one job each:
   lock        third_party/upstreams.toml as dataclasses
   artifacts   fetch (through pip) and checksum-verify pinned release artifacts; the offline cache
+  pip_internals  pip's own finder, session and marker evaluation, in one place (cache fill uses them)
+  wheeltarget the target a cache is filled for (python version, platforms, profile)
+  wheelhouse  resolve and download the wheels an offline build needs, for that target
+  cachemanifest  the offline cache's manifest of files and sha256; verify and split
+  cachefill   the whole `cache fill` flow
+  noxsupport  what noxfile.py takes from the lane (standard library only)
   gittree     GitPython wrapper around one materialized upstream tree and its state file
   patchfile   the patch file format: header block, description, diff; header validation
   series      patches/<upstream>/series and its patch files

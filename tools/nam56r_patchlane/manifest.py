@@ -2,7 +2,10 @@
 
 Each record says what was validated, on which host (GPU name and compute capability or `cpu`,
 driver, python/torch/triton/CUDA versions), against which upstream commit and patch checksum,
-with which command, exit code and sentinels, and when. Records are only ever appended.
+with which command, exit code and sentinels, and when. A train record (`kind = "train"`) says
+instead which commit trained, with which command, and the run's figures (steps, first and final
+loss, tokens/s/GPU, TFLOP/s/GPU, peak memory, time to the first step), as the run's own summary
+states them. Records are only ever appended.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import math
 import subprocess
 import tomllib
 from dataclasses import asdict, dataclass
@@ -115,33 +119,85 @@ class Record:
     tree_commit: str = ""  # and that tree's commit (the tool's commits are reproducible across machines)
 
 
-def _toml_string(value: str) -> str:
-    return json.dumps(value, ensure_ascii=False)  # JSON strings are valid TOML basic strings
+@dataclass(frozen=True)
+class TrainRecord:
+    """A training run, with the figures its run directory's summary.json states (`python -m nam56r.runlog
+    RUN_DIR --record` builds it there; this module only knows its shape)."""
+
+    what: str  # "train:<recipe>"
+    host: HostStamp  # the host that recorded it: the one that trained
+    commit: str  # this repository's commit when recorded
+    dirty: bool  # tracked files differed from that commit
+    command: str  # the run's exact launch command (its command.sh)
+    exit_code: int  # 0 when the run reached its recipe's last step, 1 when it stopped short of it
+    sentinels: tuple[str, ...]
+    date: str
+    run_dir: str
+    recipe: str
+    preset: str
+    world_size: int
+    seq_length: int
+    global_batch_size: int
+    first_step: int
+    last_step: int
+    loss_first: float  # 'lm loss' at first_step (nan when not finite)
+    loss_final: float  # 'lm loss' at last_step
+    tokens_per_s_per_gpu: float  # medians over the summary's steady-state window
+    tflops_per_s_per_gpu: float
+    peak_memory_gib: float | None  # None: the run did not log it (left out of the TOML)
+    time_to_first_step_s: float | None  # from Megatron's initialization to the first logged step
+    figures: str = ""
+    kind: str = "train"
 
 
-def render_record(record: Record) -> str:
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else "inf" if value > 0 else "-inf")
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_toml_value(v) for v in value)}]"
+    return json.dumps(str(value), ensure_ascii=False)  # JSON strings are valid TOML basic strings
+
+
+def render_record(record: Record | TrainRecord) -> str:
+    """One `[[record]]` table; None fields are left out (TOML has no null)."""
     lines = ["", "[[record]]"]
     for key, value in asdict(record).items():
-        if key == "host":
-            continue
-        if isinstance(value, (list, tuple)):
-            lines.append(f"{key} = [{', '.join(_toml_string(v) for v in value)}]")
-        elif isinstance(value, int):
-            lines.append(f"{key} = {value}")
-        else:
-            lines.append(f"{key} = {_toml_string(value)}")
+        if key != "host" and value is not None:
+            lines.append(f"{key} = {_toml_value(value)}")
     lines.append("[record.host]")
-    lines += [f"{k} = {_toml_string(v)}" for k, v in asdict(record.host).items()]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in asdict(record.host).items()]
     return "\n".join(lines) + "\n"
 
 
-def append_record(root: Path, record: Record) -> Path:
+def append_record(root: Path, record: Record | TrainRecord) -> Path:
     path = root / MANIFEST_RELATIVE_PATH
-    existing = path.read_text() if path.exists() else HEADER
+    text = (path.read_text() if path.exists() else HEADER) + render_record(record)
+    try:
+        tomllib.loads(text)  # the file must stay valid TOML: checked before it is written
+    except tomllib.TOMLDecodeError as exc:
+        raise PatchlaneError(f"{path}: appending {record.what} would make it invalid TOML ({exc}); nothing was written") from exc
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(existing + render_record(record))
-    read_records(root)  # the file must stay valid TOML
+    path.write_text(text)
     return path
+
+
+def record_from_table(raw: dict) -> Record | TrainRecord:
+    """A `[[record]]` table read back into its record type (train records by `kind`)."""
+    cls = TrainRecord if raw.get("kind") == "train" else Record
+    host = HostStamp(**{k: raw.get("host", {}).get(k, "") for k in HostStamp.__dataclass_fields__})
+    fields = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw and k != "host"}
+    fields["sentinels"] = tuple(fields.get("sentinels", ()))
+    if cls is TrainRecord:
+        fields.setdefault("peak_memory_gib", None)
+        fields.setdefault("time_to_first_step_s", None)
+    try:
+        return cls(host=host, **fields)
+    except TypeError as exc:
+        raise PatchlaneError(f"manifest record {raw.get('what', '?')!r} lacks fields of a {cls.__name__}: {exc}") from exc
 
 
 def merge_records(root: Path, other: Path) -> int:
@@ -150,16 +206,14 @@ def merge_records(root: Path, other: Path) -> int:
         theirs = tomllib.loads(other.read_text()).get("record", [])
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise PatchlaneError(f"{other}: not a readable manifest: {exc}") from exc
-    ours = read_records(root)
+    # Compared as JSON text: a record holding nan (a diverged run's loss) never equals itself as a dict.
+    ours = {json.dumps(raw, sort_keys=True) for raw in read_records(root)}
     added = 0
     for raw in theirs:
-        if raw in ours:
+        if json.dumps(raw, sort_keys=True) in ours:
             continue
-        host = HostStamp(**{k: raw["host"].get(k, "") for k in HostStamp.__dataclass_fields__})
-        fields = {k: raw[k] for k in Record.__dataclass_fields__ if k in raw and k != "host"}
-        fields["sentinels"] = tuple(fields.get("sentinels", ()))
-        append_record(root, Record(host=host, **fields))
-        ours.append(raw)
+        append_record(root, record_from_table(raw))
+        ours.add(json.dumps(raw, sort_keys=True))
         added += 1
     return added
 

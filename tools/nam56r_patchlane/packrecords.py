@@ -9,14 +9,15 @@ from .packs import Pack, pack_checksum
 
 
 def passing_records(pack: Pack, root: Path, checksum: str) -> dict[str, dict]:
-    """The latest record per side that ran this pack's current checksum and printed what pack.toml expects."""
-    wanted = {"base": (pack.reproducer.base,), "patched": pack.reproducer.patched}
+    """The latest record per side that ran this pack's current checksum, printed the sentinels pack.toml
+    expects and exited with the code it documents for that side."""
     latest: dict[str, dict] = {}
     for record in read_records(root):
         side = record.get("side", "")
-        if record.get("pack") != pack.id or side not in wanted or record.get("patch_sha256") != checksum:
+        if record.get("pack") != pack.id or side not in ("base", "patched") or record.get("patch_sha256") != checksum:
             continue
-        if record.get("exit_code") == 0 and all(s in record.get("sentinels", []) for s in wanted[side]):
+        sentinels, exit_code = pack.reproducer.expected(side)
+        if record.get("exit_code") == exit_code and all(s in record.get("sentinels", []) for s in sentinels):
             if side not in latest or record["date"] >= latest[side]["date"]:
                 latest[side] = record
     return latest

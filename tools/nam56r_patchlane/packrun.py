@@ -4,8 +4,9 @@ Both sides are shared clones of the built tree third_party/<upstream> (made by `
 build`), checked out at a commit of its `patched` branch:
   base     the parent of the pack's first patch (a regression guard: the pinned release itself)
   patched  the tip of the series
-The reproducer's output is checked against pack.toml's sentinels and each side is appended to the
-validation manifest with the host stamp of the machine it ran on.
+Each side is judged by what pack.toml documents for it (the sentinels, and for the base side
+`base_exit`, 0 unless stated) and appended to the validation manifest with the host stamp of the
+machine it ran on.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import PatchlaneError
@@ -47,6 +49,34 @@ class SideResult:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def to_json(self) -> dict:
+        return {"side": self.side, "commit": self.commit, "command": self.command, "exit_code": self.exit_code,
+                "sentinels": list(self.sentinels), "problems": list(self.problems)}
+
+
+VERDICTS = ("passed", "FAILED", "NEEDS_GPU", "ERROR")  # ERROR: the pack could not be run (its problems say why)
+
+
+@dataclass(frozen=True)
+class PackOutcome:
+    """One pack's run: its verdict, each side's result, and the manifest records appended for it."""
+
+    pack: str
+    verdict: str
+    sides: tuple[SideResult, ...] = ()
+    problems: tuple[str, ...] = ()
+    records: tuple[Record, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return {"passed": 0, "NEEDS_GPU": EXIT_NEEDS_GPU}.get(self.verdict, 1)
+
+    def to_json(self) -> dict:
+        return {"pack": self.pack, "verdict": self.verdict, "exit_code": self.exit_code, "seconds": round(self.seconds, 3),
+                "problems": list(self.problems), "sides": [s.to_json() for s in self.sides],
+                "records": [asdict(r) for r in self.records]}
 
 
 def side_commits(pack: Pack, root: Path, lock: Lock) -> tuple[UpstreamTree, dict[str, str]]:
@@ -84,7 +114,8 @@ def _found_sentinels(output: str) -> tuple[str, ...]:
 
 
 def expected_problems(pack: Pack, side: str, exit_code: int, output: str, found: tuple[str, ...]) -> list[str]:
-    wanted = (pack.reproducer.base,) if side == "base" else pack.reproducer.patched
+    """What is wrong with a side's run against what pack.toml documents for that side; [] when it behaved so."""
+    wanted, wanted_exit = pack.reproducer.expected(side)
     problems = []
     first = next((line for line in output.splitlines() if line.strip()), "")
     if not first.startswith("host: "):
@@ -96,8 +127,10 @@ def expected_problems(pack: Pack, side: str, exit_code: int, output: str, found:
     for sentinel in wanted:
         if contrary.get(sentinel) in found:
             problems.append(f"{side}: printed {contrary[sentinel]} as well as {sentinel}")
-    if exit_code != 0:
-        problems.append(f"{side}: exit code {exit_code} (0 means the sentinel matched the tree)")
+    if exit_code != wanted_exit:
+        documented = (f"pack.toml documents exit {wanted_exit} for the base side (reproducer.base_exit)" if side == "base"
+                      else "0 means the sentinel matched the tree")
+        problems.append(f"{side}: exit code {exit_code} ({documented})")
     return problems
 
 
@@ -121,7 +154,8 @@ def run_side(pack: Pack, side: str, trees: dict[str, Path], python: str, timeout
         lines.append(f"(killed after {timeout} s)\n")
     output = "".join(lines)
     found = _found_sentinels(output)
-    problems = () if code == EXIT_NEEDS_GPU else tuple(expected_problems(pack, side, code, output, found))
+    needs_gpu = code == EXIT_NEEDS_GPU and "NEEDS_GPU" in found
+    problems = () if needs_gpu else tuple(expected_problems(pack, side, code, output, found))
     commit = UpstreamTree(trees[side]).head()
     return SideResult(side=side, commit=commit, command=command, exit_code=code, output=output, sentinels=found, problems=problems)
 
@@ -131,43 +165,48 @@ def _figures(output: str) -> str:
     return " | ".join(keep)[:2000]
 
 
-def record_side(root: Path, lock: Lock, pack: Pack, result: SideResult) -> None:
+def record_side(root: Path, lock: Lock, pack: Pack, result: SideResult) -> Record:
     first = next(line for line in result.output.splitlines() if line.strip())
     script = pack.script_path.relative_to(root) if pack.script_path.is_relative_to(root) else pack.script_path
     args = " ".join(pack.reproducer.args)
-    append_record(root, Record(
+    record = Record(
         what=f"pack:{pack.id}", upstream=pack.upstream, upstream_commit=lock.get(pack.upstream).commit,
         patch_sha256=pack_checksum(pack, root), host=parse_host_line(first.strip()),
         command=f"python tools/packs.py run {pack.id}  ({result.side}: python {script} --tree <{result.side} tree> {args})".rstrip(),
         exit_code=result.exit_code, sentinels=result.sentinels, date=now_utc(), figures=_figures(result.output),
         pack=pack.id, side=result.side, tree_commit=result.commit,
-    ))
+    )
+    append_record(root, record)
+    return record
 
 
 def run_pack(pack: Pack, root: Path, lock: Lock, python: str = sys.executable, sides: tuple[str, ...] = SIDES,
-             record: bool = True, timeout: float | None = None, keep: Path | None = None, log=print) -> int:
-    """0: every side printed what pack.toml expects (and was recorded); 1: a side did not; 3: needs a GPU."""
+             record: bool = True, timeout: float | None = None, keep: Path | None = None, log=print) -> PackOutcome:
+    """Run the reproducer on each side and judge it by pack.toml: passed (every side did what pack.toml
+    documents, recorded), FAILED (a side did not; recorded too), NEEDS_GPU (nothing measured or recorded)."""
+    started = time.monotonic()
     tree, commits = side_commits(pack, root, lock)
     scratch = Path(tempfile.mkdtemp(prefix=f"pack-{pack.id}-")) if keep is None else keep
     try:
         trees = {side: tree.shared_clone(scratch / side, commits[side], "side").path for side in SIDES}
         log(f"{pack.id}: base {commits['base'][:12]}, patched {commits['patched'][:12]} ({pack.upstream}); trees in {scratch}")
-        results = [run_side(pack, side, trees, python, timeout, log) for side in sides]
+        results = tuple(run_side(pack, side, trees, python, timeout, log) for side in sides)
     finally:
         if keep is None:
             shutil.rmtree(scratch, ignore_errors=True)
     if any(r.needs_gpu for r in results):
         log(f"{pack.id}: NEEDS_GPU: the reproducer needs a CUDA GPU and this host has none; nothing was recorded")
-        return EXIT_NEEDS_GPU
+        return PackOutcome(pack.id, "NEEDS_GPU", results, seconds=time.monotonic() - started)
+    records = []
     for result in results if record else ():
         try:  # failures are recorded too: the manifest is the history, preflight reads the latest pass
-            record_side(root, lock, pack, result)
+            records.append(record_side(root, lock, pack, result))
         except PatchlaneError as exc:
             log(f"  {result.side}: not recorded: {exc}")
-    problems = [p for r in results for p in r.problems]
+    problems = tuple(p for r in results for p in r.problems)
     for problem in problems:
         log(f"  ERROR {problem}")
     verdict = "passed" if not problems else "FAILED"
     recorded = " (recorded in patches/manifest.toml)" if record else " (not recorded: --no-record)"
     log(f"{pack.id}: {verdict}: " + ", ".join(f"{r.side} exit {r.exit_code} {'/'.join(r.sentinels) or '-'}" for r in results) + recorded)
-    return 0 if not problems else 1
+    return PackOutcome(pack.id, verdict, results, problems, tuple(records), time.monotonic() - started)

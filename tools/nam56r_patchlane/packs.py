@@ -20,6 +20,7 @@ WAVES = ("crash-fix", "comment", "refactor", "bug-report", "never")  # filing pr
 STATES = ("new", "overlaps", "fixed")
 NEEDS = ("cpu", "gpu")
 SENTINELS = ("BUG_REPRODUCED", "FIX_VALIDATED", "MEMORY_SAVE_VERIFIED")
+BASE_EXITS = (0, 1)  # what a reproducer may document for its base side (README: the reproducer contract)
 _ID = re.compile(r"^[0-9]{2}-[a-z0-9][a-z0-9-]*$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -40,6 +41,13 @@ class Reproducer:
     args: tuple[str, ...]
     base: str
     patched: tuple[str, ...]
+    base_exit: int = 0  # the exit code the reproducer documents for the base side (the patched side's is always 0)
+
+    def expected(self, side: str) -> tuple[tuple[str, ...], int]:
+        """The sentinels a side must print and the exit code it must end with."""
+        if side == "base":
+            return (self.base,), self.base_exit
+        return self.patched, 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,12 @@ def _strings(value, where: str, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _exit_code(value, where: str, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PatchlaneError(f"{where}: {key} must be an integer exit code, got {value!r}")
+    return value
+
+
 def load_pack(folder: Path) -> Pack:
     where = str(folder / "pack.toml")
     try:
@@ -113,7 +127,8 @@ def load_pack(folder: Path) -> Pack:
                                          searched=state.get("searched", ""), notes=state.get("notes", "")),
             reproducer=Reproducer(script=repro.get("script", "repro.py"), needs=repro["needs"],
                                   args=_strings(repro.get("args", []), where, "reproducer.args"), base=repro["base"],
-                                  patched=_strings(repro["patched"], where, "reproducer.patched")),
+                                  patched=_strings(repro["patched"], where, "reproducer.patched"),
+                                  base_exit=_exit_code(repro.get("base_exit", 0), where, "reproducer.base_exit")),
             proves=_strings(scope.get("proves", []), where, "scope.proves"),
             does_not_prove=_strings(scope.get("does_not_prove", []), where, "scope.does_not_prove"),
             filing=Filing(**{k: str(filing.get(k, "")) for k in Filing.__dataclass_fields__}),
@@ -169,6 +184,9 @@ def pack_problems(pack: Pack, root: Path, lock: Lock) -> list[str]:
     for sentinel in (pack.reproducer.base, *pack.reproducer.patched):
         if sentinel not in SENTINELS:
             problems.append(f"{where}: sentinel {sentinel!r} is not one of {', '.join(SENTINELS)}")
+    if pack.reproducer.base_exit not in BASE_EXITS:
+        problems.append(f"{where}: reproducer.base_exit {pack.reproducer.base_exit} is not one of"
+                        f" {', '.join(map(str, BASE_EXITS))} (3 means NEEDS_GPU, never a result)")
     if "FIX_VALIDATED" not in pack.reproducer.patched:
         problems.append(f"{where}: the patched tree must print FIX_VALIDATED")
     if not pack.patches and pack.reproducer.base != "FIX_VALIDATED":

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import sys
+import time
 from pathlib import Path
 
 from .cli import default_python
 from .errors import PatchlaneError
 from .lock import Lock, load_lock
 from .packfiling import approve, export_bundle, mark_filed
-from .packrun import SIDES, run_pack
+from .packrun import SIDES, VERDICTS, PackOutcome, run_pack
 from .packs import coverage_problems, get_pack, load_packs, pack_problems
 from .preflight import report, run_preflight
 from .waves import plan_waves, render_waves
@@ -23,6 +25,7 @@ upstream contribution, or a regression guard for a bug the pinned release alread
 Typical flow:
   list                         every pack: kind, wave, upstream state, approval
   run ID                       reproducer on the unpatched base and the patched tree; appends both to the manifest
+  run --all [--needs gpu]      every pack (or those needing a GPU); one failing pack does not stop the others
   preflight ID                 the pre-filing checklist; exit 1 names every failing item
   waves                        the next 2-4 ready packs per repository, honouring the pause after a filing
   approve ID --by NAME         the human gate (nothing is filed by this tool)
@@ -52,20 +55,45 @@ def cmd_list(args, lock: Lock) -> int:
     return 0 if not problems else 1
 
 
-def cmd_run(args, lock: Lock) -> int:
-    codes = []
-    ids = [p.id for p in load_packs(args.root) if not args.needs or p.reproducer.needs == args.needs] if args.all else args.ids
-    if not ids:
-        raise PatchlaneError("name a pack (or --all)", "`python tools/packs.py list` shows them")
-    for pack_id in ids:
+def _run_one(pack_id: str, args, lock: Lock) -> PackOutcome:
+    """One pack's run; a pack that cannot run (bad pack.toml, a tree out of step) is an ERROR outcome, not an abort."""
+    started = time.monotonic()
+    try:
         pack = get_pack(args.root, pack_id)
         problems = pack_problems(pack, args.root, lock)
         if problems:
             raise PatchlaneError(f"{pack.id}: pack.toml has problems:\n" + "\n".join(f"  {p}" for p in problems))
         sides = SIDES if args.side == "both" else (args.side,)
-        codes.append(run_pack(pack, args.root, lock, default_python(args), sides, record=not args.no_record, timeout=args.timeout,
-                              keep=args.keep / pack.id if args.keep else None))
-    return max(codes)
+        return run_pack(pack, args.root, lock, default_python(args), sides, record=not args.no_record, timeout=args.timeout,
+                        keep=args.keep / pack.id if args.keep else None)
+    except PatchlaneError as exc:
+        print(f"{pack_id}: ERROR: {exc}")
+        return PackOutcome(pack_id, "ERROR", problems=(str(exc),), seconds=time.monotonic() - started)
+
+
+def run_exit_code(outcomes: list[PackOutcome]) -> int:
+    """1 when any pack failed or could not run; else 3 when any needs a GPU this host lacks; else 0."""
+    codes = {o.exit_code for o in outcomes}
+    return 1 if 1 in codes else 3 if 3 in codes else 0
+
+
+def cmd_run(args, lock: Lock) -> int:
+    ids = [p.id for p in load_packs(args.root) if not args.needs or p.reproducer.needs == args.needs] if args.all else args.ids
+    if not ids:
+        raise PatchlaneError("name a pack (or --all)", "`python tools/packs.py list` shows them")
+    outcomes = [_run_one(pack_id, args, lock) for pack_id in ids]
+    code = run_exit_code(outcomes)
+    if len(outcomes) > 1:
+        print(f"packs run: {len(outcomes)} pack(s): " + ", ".join(
+            f"{sum(o.verdict == v for o in outcomes)} {v}" for v in VERDICTS if any(o.verdict == v for o in outcomes)))
+        for outcome in outcomes:
+            print(f"  {outcome.pack:40s} {outcome.verdict}")
+    if args.json:
+        report = {"exit_code": code, "packs": [o.to_json() for o in outcomes]}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"packs run: report written to {args.json}")
+    return code
 
 
 def cmd_preflight(args, lock: Lock) -> int:
@@ -141,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-record", action="store_true", help="check only; append nothing to the manifest")
     p.add_argument("--timeout", type=float, help="seconds per side before the reproducer is killed")
     p.add_argument("--keep", type=Path, help="keep the side trees under this folder (default: a temporary one, removed)")
+    p.add_argument("--json", type=Path, help="also write every pack's verdict, sides and appended manifest records to this JSON file")
     p = add("preflight", cmd_preflight, "the pre-filing checklist; exit 1 names every failing item")
     p.add_argument("ids", nargs="*", metavar="ID")
     p.add_argument("--all", action="store_true")

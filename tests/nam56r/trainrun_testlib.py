@@ -1,0 +1,45 @@
+"""A run directory as `python -m nam56r.train` leaves one, without training: the launcher's own run
+files (model_config.json, recipe.json, command.sh), TensorBoard events under Megatron's tag names and
+wall times, then the launcher's own end-of-run summary (metrics.jsonl, summary.json, the plot)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from nam56r.megatron_args import RunPaths
+from nam56r.recipe import RECIPES, Recipe
+from nam56r.train import _summarize, _write_run_files
+
+COMMAND = "torchrun --nproc-per-node 1 -m nam56r.pretrain --train-iters {steps}"
+
+
+def lm_loss(step: int) -> float:
+    return 6.0 - 0.1 * step
+
+
+def write_train_run(run_dir: Path, steps: range, recipe_steps: int = 20, loss: Callable[[int], float] = lm_loss,
+                    first_step_after_s: float = 42.0, recipe_name: str = "tiny-1gpu") -> Recipe:
+    """Events for `steps` of the recipe (run for `recipe_steps`), the first loss logged
+    `first_step_after_s` after the TensorBoard writer was made (as Megatron makes it at initialization)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    # The recipe as defined, not get_recipe's checked one: its fused-kernel check imports Megatron (seconds), beside the point here.
+    recipe = dataclasses.replace(RECIPES[recipe_name](), steps=recipe_steps)
+    model = recipe.model_config()
+    run = RunPaths(run_dir=run_dir, save=run_dir / "checkpoints", load=None)
+    _write_run_files(run, model, recipe, COMMAND.format(steps=recipe_steps))
+    writer = SummaryWriter(log_dir=str(run.tensorboard_dir))
+    start = time.time()
+    for index, step in enumerate(steps):
+        wall = start + first_step_after_s + 0.5 * index
+        for tag, value in (("batch-size", recipe.global_batch), ("lm loss", loss(step)), ("world-size", recipe.world_size),
+                           ("mem-max-allocated-bytes", 2**30 * (3 + step % 2))):
+            writer.add_scalar(tag, value, step, walltime=wall)
+        if index > 0:  # Megatron logs no iteration time at a run's first iteration
+            writer.add_scalar("iteration-time", 0.5, step, walltime=wall)
+    writer.close()
+    _summarize(run, model, recipe)
+    return recipe
