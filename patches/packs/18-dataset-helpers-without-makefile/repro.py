@@ -146,7 +146,7 @@ def main() -> int:
     try:
         initialize._compile_dependencies()
     except SystemExit as exc:
-        print(f"BUG_REPRODUCED: _compile_dependencies ran make in {datasets_dir} (no Makefile) and exited {exc.code}"
+        print(f"BUG_REPRODUCED: _compile_dependencies ran make in megatron/core/datasets (no Makefile there) and exited {exc.code}"
               f" although helpers_cpp imports")
         return 1 if has_fix else 0
     except FileNotFoundError as exc:
