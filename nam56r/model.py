@@ -186,13 +186,15 @@ def cuda_buffers_on(device: str):
         torch.cuda.current_device = original
 
 
-def single_process_groups() -> ProcessGroupCollection:
-    """A one-rank gloo world with Megatron's parallel state (for meta-device builds and CPU tests)."""
+def single_process_groups(backend: str = "gloo") -> ProcessGroupCollection:
+    """A one-rank world with Megatron's parallel state, for builds outside `pretrain`: gloo for meta and
+    CPU builds, nccl for a model on the GPU (its MoE and loss collectives run on CUDA tensors, which
+    gloo does not reduce in every form). An existing world is kept as it is."""
     from megatron.core import parallel_state
 
     if not torch.distributed.is_initialized():
         # An in-memory store: no port to collide with other processes.
-        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     return ProcessGroupCollection.use_mpu_process_groups()
@@ -246,7 +248,7 @@ def build_model(
     mcfg = megatron_cfg if megatron_cfg is not None else megatron_config(config, params_dtype=params_dtype, meta=device == "meta")
     if backend == "local" and (problems := local_backend_problems(mcfg)):
         raise ValueError("the local backend cannot build this Megatron config:\n  " + "\n  ".join(problems))
-    pg_collection = pg_collection or single_process_groups()
+    pg_collection = pg_collection or single_process_groups("nccl" if device == "cuda" else "gloo")
     if device == "cuda":
         from nam56r.preflight import run_preflight
 
