@@ -5,6 +5,7 @@
   nox -s data -- ARGS       build the default C/C++ training corpus (python -m nam56r.data build ARGS)
   nox -s train -- ARGS      train (python -m nam56r.train ARGS), e.g. `-- --recipe proxy-1gpu --dry-run`
   nox -s bench -- ARGS      benchmarks (python -m nam56r.bench ARGS): `-- --list`, `-- tooling`, `-- kernels` ...
+  nox -s gpu-check -- ARGS  a GPU node's acceptance check (python -m nam56r.gpu_check): GPU tests, GPU packs, tiny train + resume
   nox -s lint               ruff
   nox -s patches -- CMD     the patch-lane CLI (tools/apply_patches.py CMD), e.g. `-- status`, `-- check`
   nox -s packs -- CMD       the filing-pack CLI (tools/packs.py CMD), e.g. `-- list`, `-- run ID`, `-- waves`
