@@ -176,6 +176,21 @@ def test_preflight_passes_on_a_clean_approved_pack(packed: Lane) -> None:
     assert "[skip] upstream formatter" in result.out  # not a Megatron-LM target
 
 
+@pytest.mark.parametrize("plant", ["Token " + "ghp_" + "Z9y8X7w6" * 5 + " was used.", "-----BEGIN " + "RSA PRIVATE KEY-----"])
+def test_preflight_names_a_planted_secret_with_its_file_and_line(packed: Lane, plant: str) -> None:
+    assert packs(packed, "run", PACK).code == 0
+    assert packs(packed, "approve", PACK, "--by", "Jane Maintainer").code == 0
+    body = packed.root / "patches" / "packs" / PACK / "body.md"
+    line = len(body.read_text().splitlines()) + 2
+    body.write_text(body.read_text() + "\n" + plant + "\n")
+
+    result = packs(packed, "preflight", PACK)
+
+    assert result.code == 1 and "[FAIL] no private infrastructure in the bundle" in result.out
+    assert f"private: patches/packs/{PACK}/body.md:{line}: secret (" in result.out
+    assert plant.split()[1] not in result.out  # masked
+
+
 @pytest.mark.parametrize(("plant", "expected"), [
     ("Seen on gpu-node-17 first.", "host name: 'gpu-node-17'"),
     ("Seen on trainer.cluster.internal first.", "internal host name: 'trainer.cluster.internal'"),

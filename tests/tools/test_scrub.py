@@ -49,6 +49,30 @@ def test_private_infrastructure_is_flagged(text: str, kind: str, match: str) -> 
     assert (kind, match) in kinds(text)
 
 
+# One credential of each kind, assembled at run time so that no literal token sits in the repository.
+SECRETS = [
+    ("token " + "ghp_" + "A1b2C3d4" * 5, "GitHub token"),
+    ("pat " + "github_pat_" + "11ABCDEFG" * 3, "GitHub token"),
+    ("HF_TOKEN=" + "hf_" + "q" * 34, "Hugging Face token"),
+    ("key id " + "AKIA" + "IOSFODNN7EXAMPLE", "AWS access key id"),
+    ("aws_secret_access_key = " + "wJalrXUtnFEMI/K7MDENG/bPxRfiCY" + "EXAMPLEKEY", "AWS secret access key"),
+    ("key=" + "AIza" + "Sy" + "D" * 33, "GCP API key"),
+    ('"private_key_id": "' + "0123456789abcdef" * 2 + '",', "GCP service-account key"),
+    ("SLACK=" + "xoxb-" + "123456789012-abcdefABCDEF", "Slack token"),
+    ("post to https://hooks.slack.com/services/" + "T000/B000/XXXXXXXX", "Slack webhook"),
+    ("Authorization: Bearer " + "eyJhbGciOiJIUzI1NiJ9" + ".payload.sig", "bearer token"),
+    ("-----BEGIN " + "OPENSSH PRIVATE KEY-----", "private key"),
+    ("machine pypi.example.com login jane password " + "s3cr3t-pw", "netrc credentials"),
+]
+
+
+@pytest.mark.parametrize(("text", "kind"), SECRETS)
+def test_each_kind_of_secret_is_flagged_masked(text: str, kind: str) -> None:
+    found = [f for f in scan_text("intro\n" + text, "body.md", ScrubConfig()) if f.kind == f"secret ({kind})"]
+    assert [f.where for f in found] == ["body.md:2"], scan_text(text, "body.md", ScrubConfig())
+    assert found[0].text.endswith("(masked)") and len(found[0].text) < 24  # the secret itself is never printed
+
+
 def test_listed_authors_and_allowed_strings_pass_and_private_terms_are_flagged() -> None:
     config = ScrubConfig(authors=("jane@nam56r.dev", "janedoe"), private_terms=("Project Falcon",), allow=("/opt/conda/envs",))
     assert kinds("Author: jane@nam56r.dev, thanks @janedoe; python at /opt/conda/envs", config) == []

@@ -36,6 +36,20 @@ _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _MENTION = re.compile(r"(?<![\w@/.`])@([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))\b(?!\.[A-Za-z_])")  # @pkg.decorator is code
 _DECORATOR_LINE = re.compile(r"^\s*@[\w.]+(\(.*\))?\s*(#.*)?$")
 _INLINE_CODE = re.compile(r"`[^`]*`")
+# Credentials, by the shapes their issuers document. A finding shows only the first characters of one.
+_SECRETS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})\b")),
+    ("Hugging Face token", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")),
+    ("AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
+    ("AWS secret access key", re.compile(r"(?i)aws_secret_access_key\s*[=:]\s*['\"]?[A-Za-z0-9/+]{40}\b")),
+    ("GCP API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
+    ("GCP service-account key", re.compile(r"\"private_key_id\"\s*:\s*\"[0-9a-f]{20,}\"")),
+    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b")),
+    ("Slack webhook", re.compile(r"https://hooks\.slack\.com/services/[A-Za-z0-9/]+")),
+    ("bearer token", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/-]{20,}=*")),
+    ("private key", re.compile(r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----")),
+    ("netrc credentials", re.compile(r"(?i)\bmachine\s+\S+\s+login\s+\S+\s+password\s+\S+")),
+)
 _PUBLIC_IPS = {"0.0.0.0", "127.0.0.1"}
 
 
@@ -108,6 +122,9 @@ def scan_text(text: str, where: str, config: ScrubConfig) -> list[Finding]:
         for m in _MENTION.finditer(prose):
             if m.group(1).lower() not in authors:
                 add("@-mention of someone not listed as an author", "@" + m.group(1))
+        for kind, pattern in _SECRETS:
+            for m in pattern.finditer(line):
+                add(f"secret ({kind})", m.group(0)[:8] + "... (masked)")
         lowered = line.lower()
         for term in config.private_terms:
             if term.lower() in lowered:
