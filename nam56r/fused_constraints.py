@@ -50,6 +50,15 @@ def fused_kernel_violations(config: ModelConfig) -> list[str]:
     return problems
 
 
+def fused_kernel_problems(config: ModelConfig) -> list[str]:
+    """`fused_kernel_violations`, or the one problem that they cannot be checked because the patched
+    upstreams whose predicates it calls do not import."""
+    try:
+        return fused_kernel_violations(config)
+    except ImportError as exc:
+        return [f"cannot check the fused kernels' shapes: {type(exc).__name__}: {exc}; run `nox -s build`"]
+
+
 def effective_topk(config: ModelConfig) -> int:
     """The top-k width the kernels see: the indexer selects min(top-k, keys) per query."""
     return min(config.dsa.topk, config.seq_length)

@@ -116,16 +116,12 @@ def _importable(module: str, attribute: str | None = None) -> str | None:
 
 
 def _fused_shapes_check(config: ModelConfig) -> tuple[str, bool, str]:
-    name = "fused kernel shapes"
-    try:
-        from nam56r.fused_constraints import fused_kernel_violations
+    from nam56r.fused_constraints import fused_kernel_problems
 
-        violations = fused_kernel_violations(config)
-    except ImportError as exc:
-        return name, False, f"cannot check them: {type(exc).__name__}: {exc}; {REBUILD}"
-    if violations:
-        return name, False, f"{config.name} violates {len(violations)}: " + "; ".join(violations)
-    return name, True, f"{config.name}'s shapes are supported by the fused DSA and Mamba-3 MIMO kernels it selects"
+    problems = fused_kernel_problems(config)
+    if problems:
+        return "fused kernel shapes", False, f"{config.name}: " + "; ".join(problems)
+    return "fused kernel shapes", True, f"{config.name}'s shapes are supported by the fused DSA and Mamba-3 MIMO kernels it selects"
 
 
 def run_preflight(config: ModelConfig, *, root: Path = ROOT, require_gpu: bool = True) -> PreflightReport:

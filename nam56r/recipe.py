@@ -99,7 +99,9 @@ class Recipe:
         if self.tp != 1:
             problems.append(f"tp={self.tp}: NAM56R's Mamba-3 mixer and the fused linear CE run at tensor parallel 1 only")
         model = self.model_config()
-        problems += [f"model {model.name}: {v}" for v in _fused_kernel_violations(model)]
+        from nam56r.fused_constraints import fused_kernel_problems
+
+        problems += [f"model {model.name}: {p}" for p in fused_kernel_problems(model)]
         if model.moe.num_experts % self.ep:
             problems.append(f"expert parallel {self.ep} does not divide the {model.moe.num_experts} experts of {self.model}")
         per_step = self.micro_batch * max(self.data_parallel, 1)
@@ -132,15 +134,6 @@ class Recipe:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _fused_kernel_violations(model: ModelConfig) -> list[str]:
-    from nam56r.fused_constraints import fused_kernel_violations
-
-    try:
-        return fused_kernel_violations(model)
-    except ImportError as exc:  # the patched Megatron tree is missing
-        return [f"cannot check the fused kernels' shapes: {type(exc).__name__}: {exc}; run `nox -s build`"]
 
 
 class RecipeError(ValueError):
