@@ -24,9 +24,10 @@ def _bf16_model(preset: str):
     from nam56r.presets import get_preset
     from nam56r.specs import resolve_backend
 
-    built = build_model(get_preset(preset), resolve_backend("auto"), device="cuda", seed=0)
+    # bf16 parameters, as Megatron's --bf16 sets params_dtype: the layers cast their inputs to it.
+    built = build_model(get_preset(preset), resolve_backend("auto"), device="cuda", params_dtype=torch.bfloat16, seed=0)
     model = built.model
-    model.config.bf16 = True
+    assert model.config.bf16 and model.config.params_dtype == torch.bfloat16
     return Float16Module(model.config, model), built
 
 

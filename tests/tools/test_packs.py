@@ -55,6 +55,19 @@ def test_run_checks_both_sides_and_records_them(packed: Lane) -> None:
     assert packed.status_porcelain() == ""  # the built tree was not touched
 
 
+def test_run_takes_a_relative_python_from_the_callers_directory(packed: Lane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reproducers run in their pack's folder: `--python .venv/bin/python` is resolved where it was typed."""
+    (packed.root / "bin").mkdir()
+    (packed.root / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.chdir(packed.root)
+    result = packs(packed, "--python", "bin/python", "run", PACK, "--no-record")
+
+    assert result.code == 0, result.text
+    assert "[patched] FIX_VALIDATED" in result.out
+    missing = packs(packed, "--python", "no/such/python", "run", PACK, "--no-record")
+    assert missing.code != 0 and "--python no/such/python: no such interpreter" in missing.text
+
+
 def test_run_fails_when_a_side_prints_the_wrong_sentinel(packed: Lane) -> None:
     (packed.root / "patches" / "packs" / PACK / "pack.toml").write_text(pack_toml(args=["--mode", "liar"]))
 

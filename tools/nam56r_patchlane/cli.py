@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -36,9 +38,13 @@ Typical flow:
 
 
 def default_python(args) -> str:
-    """--python, else the build's environment (<root>/.venv) when it exists, else this interpreter."""
+    """--python (absolute: reproducers run in their pack's folder), else the build's environment
+    (<root>/.venv) when it exists, else this interpreter."""
     if args.python:
-        return args.python
+        found = shutil.which(args.python)
+        if found is None:
+            raise PatchlaneError(f"--python {args.python}: no such interpreter", "pass a path to a python executable or a name on PATH")
+        return os.path.abspath(found)
     venv_python = args.root / ".venv" / "bin" / "python"
     return str(venv_python) if venv_python.exists() else sys.executable
 
