@@ -15,8 +15,11 @@ Parts, in order, each with a status (passed | failed | skipped), its wall time a
          tokens/s/GPU, TFLOP/s/GPU, peak memory and time to the first step, and the largest |loss
          difference| of the resumed steps against the uninterrupted run; both runs' train records
          appended to patches/manifest.toml (nam56r.train_record).
-The summary (default runs/gpu-check-<time>/summary.json) is rewritten after each part, so a check cut
-short still leaves what it found; each part's full output is in a log beside it.
+The parts run at the same time by default: each is a few processes that compile TileLang kernels on
+the host and share the GPU (the largest, the proxy model's forward and backward, takes under 50 GiB).
+`--sequential` runs them one after another, for a GPU too small to hold them together. The summary
+(default runs/gpu-check-<time>/summary.json) is rewritten as each part ends, so a check cut short still
+leaves what it found; each part's full output is in a log beside it.
 Exit codes: 0 every part that ran passed; 1 a part failed; 2 no CUDA GPU on this host (nothing runs).
 """
 
@@ -27,11 +30,13 @@ import datetime as dt
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -59,6 +64,7 @@ class Options:
     data: Path | None = None  # default: a small corpus built into OUT/train/data
     megatron_flags: tuple[str, ...] = ()
     echo: bool = True
+    concurrent: bool = True  # the parts run at the same time on one GPU
 
 
 def cuda_gpu_problem() -> str | None:
@@ -191,25 +197,45 @@ def write_summary(summary: dict, path: Path) -> None:
     tmp.replace(path)  # never a half-written summary
 
 
+def _run_part(name: str, opts: Options) -> dict:
+    """One part, timed; a crashed part is a failed part (the other parts still run)."""
+    print(f"gpu-check: {name} ...", flush=True)
+    started = time.monotonic()
+    try:
+        part = PART_RUNNERS[name](opts)
+    except Exception as exc:
+        part = {"status": "failed", "problems": [f"{type(exc).__name__}: {exc}"], "traceback": traceback.format_exc()}
+    seconds = round(time.monotonic() - started, 1)
+    print(f"gpu-check: {name} {part['status']} in {seconds:.0f} s", flush=True)
+    return {"status": part.pop("status"), "seconds": seconds, **part}
+
+
 def run_check(opts: Options, command: str = "python -m nam56r.gpu_check") -> dict:
-    """Run every part not in opts.skip, in order; the summary (also written to OUT/summary.json)."""
+    """Run every part not in opts.skip (at the same time unless opts.concurrent is off); the summary
+    (also written to OUT/summary.json after each part ends)."""
     path = opts.out_dir / "summary.json"
     started = time.monotonic()
     summary = {"schema": SCHEMA, "status": "running", "exit_code": None, "command": command, "out_dir": str(opts.out_dir),
-               "started_utc": _now(), "finished_utc": None, "seconds": None, **_stamp(opts), "parts": {}}
-    for name in PARTS:
-        if name in opts.skip:
-            summary["parts"][name] = {"status": "skipped", "reason": f"--skip-{name}"}
-            continue
-        print(f"gpu-check: {name} ...", flush=True)
-        part_started = time.monotonic()
-        try:
-            part = PART_RUNNERS[name](opts)
-        except Exception as exc:  # a crashed part is a failed part; the other parts still run
-            part = {"status": "failed", "problems": [f"{type(exc).__name__}: {exc}"], "traceback": traceback.format_exc()}
-        summary["parts"][name] = {"status": part.pop("status"), "seconds": round(time.monotonic() - part_started, 1), **part}
-        print(f"gpu-check: {name} {summary['parts'][name]['status']} in {summary['parts'][name]['seconds']:.0f} s", flush=True)
-        write_summary(summary, path)
+               "started_utc": _now(), "finished_utc": None, "seconds": None, "concurrent": opts.concurrent, **_stamp(opts),
+               "parts": {name: ({"status": "skipped", "reason": f"--skip-{name}"} if name in opts.skip else {"status": "pending"})
+                         for name in PARTS}}
+    write_summary(summary, path)
+    written = threading.Lock()
+
+    def run_and_write(name: str) -> None:
+        part = _run_part(name, opts)
+        with written:
+            summary["parts"][name] = part
+            write_summary(summary, path)
+
+    to_run = [name for name in PARTS if name not in opts.skip]
+    if opts.concurrent and len(to_run) > 1:
+        with ThreadPoolExecutor(max_workers=len(to_run)) as pool:
+            for future in [pool.submit(run_and_write, name) for name in to_run]:
+                future.result()
+    else:
+        for name in to_run:
+            run_and_write(name)
     failed = [n for n, p in summary["parts"].items() if p["status"] == "failed"]
     summary.update(status="failed" if failed else "passed", exit_code=EXIT_FAILED if failed else 0, finished_utc=_now(),
                    seconds=round(time.monotonic() - started, 1))
@@ -254,6 +280,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--resume-at", type=int, default=10, help="the checkpoint step the second run resumes from (default: 10)")
     parser.add_argument("--data", type=Path, help="the train part's data directory (default: a small corpus built into OUT/train/data)")
     parser.add_argument("--no-record", action="store_true", help="append nothing to patches/manifest.toml")
+    parser.add_argument("--sequential", action="store_true",
+                        help="run the parts one after another (default: at the same time, sharing the GPU; about 50 GiB at peak)")
     parser.add_argument("megatron_flags", nargs="*", help="extra Megatron flags for both training runs, after `--`")
     return parser.parse_args(argv)
 
@@ -263,7 +291,8 @@ def options_from(args: argparse.Namespace) -> Options:
     return Options(out_dir=out_dir.resolve(), skip=frozenset(n for n in PARTS if getattr(args, f"skip_{n}")),
                    test_paths=tuple(args.tests), record=not args.no_record,
                    check=ResumeCheck(recipe=args.recipe, steps=args.steps, resume_at=args.resume_at),
-                   data=args.data.resolve() if args.data else None, megatron_flags=tuple(args.megatron_flags))
+                   data=args.data.resolve() if args.data else None, megatron_flags=tuple(args.megatron_flags),
+                   concurrent=not args.sequential)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -226,3 +226,33 @@ def test_a_failed_part_fails_the_check_and_the_summary_says_why(tmp_path: Path) 
     assert summary["host"]["gpu"] == "cpu" and summary["schema"] == "nam56r.gpu_check/1" and summary["finished_utc"]
     text = report(summary)
     assert "gpu-check FAILED" in text and "train  failed" in text and "tests  skipped (--skip-tests)" in text
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_parts_run_at_the_same_time_unless_sequential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, concurrent: bool) -> None:
+    """Each part waits for the other at a barrier: only parts that really run at the same time pass it.
+    Every part's result lands in the summary on disk, in the parts' order."""
+    import threading
+
+    from nam56r import gpu_check
+
+    meeting = threading.Barrier(2, timeout=2 if not concurrent else 30)
+
+    def meets(name: str):
+        def part(opts: Options) -> dict:
+            meeting.wait()
+            return {"status": "passed", "who": name}
+        return part
+
+    monkeypatch.setattr(gpu_check, "PART_RUNNERS", {"tests": meets("tests"), "packs": meets("packs"), "train": meets("train")})
+    opts = Options(out_dir=tmp_path / "out", skip=frozenset({"train"}), echo=False, concurrent=concurrent)
+
+    summary = run_check(opts)
+
+    on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert list(on_disk["parts"]) == ["tests", "packs", "train"] and on_disk["concurrent"] is concurrent
+    if concurrent:
+        assert summary["status"] == "passed" and [on_disk["parts"][n]["who"] for n in ("tests", "packs")] == ["tests", "packs"]
+    else:
+        assert summary["status"] == "failed" and "BrokenBarrierError" in summary["parts"]["tests"]["problems"][0]
+    assert on_disk["parts"]["train"] == {"status": "skipped", "reason": "--skip-train"}
