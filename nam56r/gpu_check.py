@@ -8,7 +8,7 @@ Parts, in order, each with a status (passed | failed | skipped), its wall time a
   tests  `pytest -m gpu tests/`: every GPU test's outcome, read from pytest's JUnit XML. With the
          train part on, the 40-step resume test (tests/nam56r/test_gpu_train.py) is deselected: the
          train part runs the same check at 20 steps.
-  packs  `tools/packs.py run --all --needs gpu`: each pack's verdict, per side its exit code and
+  packs  `tools/packs.py run --all --needs gpu --jobs 3`: each pack's verdict, per side its exit code and
          sentinels, and the records it appended to patches/manifest.toml.
   train  the tiny recipe for 20 steps with a checkpoint at step 10, then a run resumed from that
          checkpoint for steps 11-20 (nam56r.resume_check): per run the first and last loss,
@@ -65,6 +65,7 @@ class Options:
     megatron_flags: tuple[str, ...] = ()
     echo: bool = True
     concurrent: bool = True  # the parts run at the same time on one GPU
+    pack_jobs: int = 3  # packs run side by side within the packs part
 
 
 def cuda_gpu_problem() -> str | None:
@@ -124,7 +125,7 @@ def pytest_part(opts: Options) -> dict:
 def packs_part(opts: Options) -> dict:
     report, log = opts.out_dir / "packs.json", opts.out_dir / "packs.log"
     command = [opts.python, str(ROOT / "tools" / "packs.py"), "--root", str(opts.root), "--python", opts.python,
-               "run", "--all", "--needs", opts.packs_needs, "--json", str(report), *([] if opts.record else ["--no-record"])]
+               "run", "--all", "--needs", opts.packs_needs, "--jobs", str(opts.pack_jobs), "--json", str(report), *([] if opts.record else ["--no-record"])]
     run = run_logged(command, log, "packs", opts.root, echo=opts.echo)
     part = {"command": command, "exit_code": run.exit_code, "log": str(log), "report": str(report)}
     if not report.is_file():
@@ -280,6 +281,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--resume-at", type=int, default=10, help="the checkpoint step the second run resumes from (default: 10)")
     parser.add_argument("--data", type=Path, help="the train part's data directory (default: a small corpus built into OUT/train/data)")
     parser.add_argument("--no-record", action="store_true", help="append nothing to patches/manifest.toml")
+    parser.add_argument("--pack-jobs", type=int, default=3, metavar="N", help="packs run side by side in the packs part (default: 3)")
     parser.add_argument("--sequential", action="store_true",
                         help="run the parts one after another (default: at the same time, sharing the GPU; about 50 GiB at peak)")
     parser.add_argument("megatron_flags", nargs="*", help="extra Megatron flags for both training runs, after `--`")
@@ -292,7 +294,7 @@ def options_from(args: argparse.Namespace) -> Options:
                    test_paths=tuple(args.tests), record=not args.no_record,
                    check=ResumeCheck(recipe=args.recipe, steps=args.steps, resume_at=args.resume_at),
                    data=args.data.resolve() if args.data else None, megatron_flags=tuple(args.megatron_flags),
-                   concurrent=not args.sequential)
+                   concurrent=not args.sequential, pack_jobs=args.pack_jobs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,7 +160,7 @@ def test_run_all_runs_every_pack_past_one_that_cannot_run_and_reports_each(packe
     assert [r["sentinels"] for r in appended] == [r["sentinels"] for r in records(packed)]
 
 
-def test_run_all_fails_when_any_pack_fails_even_after_a_pass(packed: Lane) -> None:
+def _add_liar(packed: Lane) -> None:
     liar = packed.root / "patches" / "packs" / "03-liar"  # sorts after the passing pack
     liar.mkdir()
     (liar / "pack.toml").write_text(pack_toml(pack_id="03-liar", args=["--mode", "liar"]).replace(f'"{PATCH}"', '"0003-io-encoding.patch"'))
@@ -170,11 +170,28 @@ def test_run_all_fails_when_any_pack_fails_even_after_a_pass(packed: Lane) -> No
     set_header(packed, "0003-io-encoding.patch", "Upstream-Status", "not-filed")
     assert packed.build().code == 0
 
+
+def test_run_all_fails_when_any_pack_fails_even_after_a_pass(packed: Lane) -> None:
+    _add_liar(packed)
+
     result = packs(packed, "run", "--all", "--no-record")
 
     assert result.code == 1, result.text
     assert f"{PACK}: passed" in result.out and "03-liar: FAILED" in result.out
     assert "packs run: 2 pack(s): 1 passed, 1 FAILED" in result.out
+
+
+def test_run_all_with_jobs_runs_packs_side_by_side_and_records_every_side(packed: Lane) -> None:
+    _add_liar(packed)
+
+    result = packs(packed, "run", "--all", "--jobs", "2")
+
+    assert result.code == 1, result.text
+    assert f"[{PACK}] {PACK}: passed" in result.out and "[03-liar] 03-liar: FAILED" in result.out
+    assert f"[{PACK}] [base] BUG_REPRODUCED" in result.out
+    assert sorted((r["pack"], r["side"]) for r in records(packed)) == sorted([
+        ("03-liar", "base"), ("03-liar", "patched"), (PACK, "base"), (PACK, "patched")])
+    assert packs(packed, "run", "--all", "--jobs", "0").code != 0
 
 
 def test_preflight_passes_on_a_clean_approved_pack(packed: Lane) -> None:

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .cli import default_python
@@ -55,7 +56,7 @@ def cmd_list(args, lock: Lock) -> int:
     return 0 if not problems else 1
 
 
-def _run_one(pack_id: str, args, lock: Lock) -> PackOutcome:
+def _run_one(pack_id: str, args, lock: Lock, log=print) -> PackOutcome:
     """One pack's run; a pack that cannot run (bad pack.toml, a tree out of step) is an ERROR outcome, not an abort."""
     started = time.monotonic()
     try:
@@ -65,10 +66,16 @@ def _run_one(pack_id: str, args, lock: Lock) -> PackOutcome:
             raise PatchlaneError(f"{pack.id}: pack.toml has problems:\n" + "\n".join(f"  {p}" for p in problems))
         sides = SIDES if args.side == "both" else (args.side,)
         return run_pack(pack, args.root, lock, default_python(args), sides, record=not args.no_record, timeout=args.timeout,
-                        keep=args.keep / pack.id if args.keep else None)
+                        keep=args.keep / pack.id if args.keep else None, log=log)
     except PatchlaneError as exc:
-        print(f"{pack_id}: ERROR: {exc}")
+        log(f"{pack_id}: ERROR: {exc}")
         return PackOutcome(pack_id, "ERROR", problems=(str(exc),), seconds=time.monotonic() - started)
+
+
+def _prefixed(pack_id: str):
+    def log(line: str) -> None:
+        print(f"[{pack_id}] {line}", flush=True)
+    return log
 
 
 def run_exit_code(outcomes: list[PackOutcome]) -> int:
@@ -81,7 +88,13 @@ def cmd_run(args, lock: Lock) -> int:
     ids = [p.id for p in load_packs(args.root) if not args.needs or p.reproducer.needs == args.needs] if args.all else args.ids
     if not ids:
         raise PatchlaneError("name a pack (or --all)", "`python tools/packs.py list` shows them")
-    outcomes = [_run_one(pack_id, args, lock) for pack_id in ids]
+    if args.jobs < 1:
+        raise PatchlaneError(f"--jobs {args.jobs}: give 1 or more")
+    if args.jobs == 1 or len(ids) == 1:
+        outcomes = [_run_one(pack_id, args, lock) for pack_id in ids]
+    else:  # each pack in its own scratch trees; output lines carry the pack's id
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            outcomes = list(pool.map(lambda pack_id: _run_one(pack_id, args, lock, _prefixed(pack_id)), ids))
     code = run_exit_code(outcomes)
     if len(outcomes) > 1:
         print(f"packs run: {len(outcomes)} pack(s): " + ", ".join(
@@ -168,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--side", choices=["both", *SIDES], default="both")
     p.add_argument("--no-record", action="store_true", help="check only; append nothing to the manifest")
     p.add_argument("--timeout", type=float, help="seconds per side before the reproducer is killed")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="packs run at the same time (default 1); their reproducers then share the host and the GPU,"
+                        " so a pack that times host against GPU work is best run alone")
     p.add_argument("--keep", type=Path, help="keep the side trees under this folder (default: a temporary one, removed)")
     p.add_argument("--json", type=Path, help="also write every pack's verdict, sides and appended manifest records to this JSON file")
     p = add("preflight", cmd_preflight, "the pre-filing checklist; exit 1 names every failing item")
