@@ -125,7 +125,8 @@ def pytest_part(opts: Options) -> dict:
 def packs_part(opts: Options) -> dict:
     report, log = opts.out_dir / "packs.json", opts.out_dir / "packs.log"
     command = [opts.python, str(ROOT / "tools" / "packs.py"), "--root", str(opts.root), "--python", opts.python,
-               "run", "--all", "--needs", opts.packs_needs, "--jobs", str(opts.pack_jobs), "--json", str(report), *([] if opts.record else ["--no-record"])]
+               "run", "--all", "--needs", opts.packs_needs, "--jobs", str(opts.pack_jobs), "--json", str(report),
+               *([] if opts.record else ["--no-record"])]
     run = run_logged(command, log, "packs", opts.root, echo=opts.echo)
     part = {"command": command, "exit_code": run.exit_code, "log": str(log), "report": str(report)}
     if not report.is_file():
