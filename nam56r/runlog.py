@@ -135,6 +135,15 @@ def time_to_first_step(tensorboard_dir: Path | str) -> float | None:
     return None
 
 
+_ITERATION_LINE = re.compile(r" iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: (\S+) \|")
+
+
+def logged_loss_curve(log_text: str) -> list[tuple[int, float]]:
+    """(step, lm loss) from Megatron's per-iteration log lines ('iteration 7/ 20 | ... | lm loss:
+    5.43E+00 |'): the curve of a run killed before its TensorBoard writer flushed."""
+    return [(int(m.group(1)), float(m.group(2))) for m in _ITERATION_LINE.finditer(log_text)]
+
+
 def compare_loss_curves(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]], steps: Iterable[int]) -> float:
     """Largest |a - b| over `steps`, e.g. steps N+1.. of a run resumed from step N against an
     uninterrupted run. A step missing from either curve or a non-finite loss raises: a resume test

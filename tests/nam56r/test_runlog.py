@@ -18,6 +18,7 @@ from nam56r.runlog import (
     MissingTagError,
     choose_window,
     compare_loss_curves,
+    logged_loss_curve,
     loss_curve,
     summarize_run,
 )
@@ -217,3 +218,19 @@ def test_cli_reads_the_model_and_world_size_a_train_run_recorded(tmp_path) -> No
     assert wrong.returncode == 1 and "disagrees with" in wrong.stderr
     bare = subprocess.run([sys.executable, "-m", "nam56r.runlog", str(tmp_path / "tensorboard")], capture_output=True, text=True)
     assert bare.returncode == 1 and "pass --preset" in bare.stderr
+
+
+def test_logged_loss_curve_reads_megatrons_iteration_lines_with_rank_prefixes() -> None:
+    """Lines as megatron.training.training_log formats them (' iteration {:8d}/{:8d} |', ' {key}: {:.6E} |'),
+    behind torchrun's rank prefix; other losses and a non-finite loss are read as they stand."""
+    def line(step: int, loss: float) -> str:
+        fields = f" iteration {step:8d}/{20:8d} |" + f" learning rate: {1e-3:.6E} |"
+        fields += "".join(f" {k}: {v:.6E} |" for k, v in (("mtp_1 loss", loss + 1), ("lm loss", loss), ("indexer loss", 0.5)))
+        return f"[default0]: [2026-11-23 22:04:14.123456]{fields}"
+
+    text = "\n".join([line(7, 5.4321), "[default0]: some other line | lm loss: 1.0 |", line(8, float("nan"))])
+
+    curve = logged_loss_curve(text)
+
+    assert [step for step, _ in curve] == [7, 8] and curve[0][1] == pytest.approx(5.4321)
+    assert curve[1][1] != curve[1][1]  # nan

@@ -1,0 +1,96 @@
+"""GPU: faults in a real tiny training run (`python -m nam56r.train`, Megatron's `pretrain`).
+
+A SIGKILL while a checkpoint is being written leaves the last complete checkpoint as the one that
+loads: Megatron writes `latest_checkpointed_iteration.txt` after the checkpoint's files, and the run
+resumed from it repeats the killed run's steps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper): the training step runs the CUDA kernels"),
+]
+
+RECIPE, STEPS, SAVE_EVERY = "tiny-1gpu", 20, 5
+KILLED_AT = 2 * SAVE_EVERY  # killed while writing this checkpoint
+TRACKER = "latest_checkpointed_iteration.txt"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    from nam56r.recipe import get_recipe
+    from nam56r.resume_check import build_tiny_data
+
+    return build_tiny_data(tmp_path_factory.mktemp("data") / "cpp", get_recipe(RECIPE).model_config().vocab_size)
+
+
+def _train_command(run_dir: Path, data: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "nam56r.train", "--recipe", RECIPE, "--warmup", "4", "--steps", str(STEPS), "--data", str(data),
+            "--run-dir", str(run_dir), *extra]
+
+
+def _kill_when_written(command: list[str], log: Path, checkpoint_dir: Path, timeout_s: float = 900.0) -> dict:
+    """Run `command` (its own process group) and SIGKILL the whole group the moment `checkpoint_dir`
+    appears, that is while Megatron writes it; what the tracker and the directory held then."""
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not checkpoint_dir.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"{' '.join(command)} ended (exit {proc.returncode}) before writing {checkpoint_dir}:\n"
+                                         + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+                time.sleep(0.002)
+            os.killpg(proc.pid, signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    tracker = checkpoint_dir.parent / TRACKER
+    return {"exit_code": proc.returncode, "tracker": tracker.read_text().strip() if tracker.is_file() else None,
+            "partial_files": sorted(p.name for p in checkpoint_dir.iterdir())}
+
+
+def test_a_kill_during_a_checkpoint_save_resumes_from_the_last_complete_checkpoint(megatron_built, tiny_data, tmp_path) -> None:
+    from nam56r.runlog import compare_loss_curves, logged_loss_curve
+
+    killed_dir = tmp_path / "killed"
+    checkpoints = killed_dir / "checkpoints"
+    writing = checkpoints / f"iter_{KILLED_AT:07d}"
+    killed_log = tmp_path / "killed.log"
+
+    seen = _kill_when_written(_train_command(killed_dir, tiny_data, "--save-interval", str(SAVE_EVERY)), killed_log, writing)
+
+    assert seen["exit_code"] == -signal.SIGKILL or seen["exit_code"] == 128 + signal.SIGKILL, seen
+    assert seen["tracker"] == str(SAVE_EVERY), f"the tracker moved before {writing.name} was complete: {seen}"
+    assert (checkpoints / TRACKER).read_text().strip() == str(SAVE_EVERY)  # nothing wrote it after the kill either
+
+    resumed_dir = tmp_path / "resumed"
+    resumed = subprocess.run(_train_command(resumed_dir, tiny_data, "--save-interval", str(STEPS), "--load", str(checkpoints),
+                                            "--save", str(resumed_dir / "checkpoints")),
+                             cwd=ROOT, capture_output=True, text=True, timeout=900)
+    log = resumed.stdout + resumed.stderr
+    (tmp_path / "resumed.log").write_text(log)
+    assert resumed.returncode == 0, "\n".join(log.splitlines()[-60:])
+
+    killed_curve, resumed_curve = logged_loss_curve(killed_log.read_text(errors="replace")), logged_loss_curve(log)
+    assert resumed_curve[0][0] == SAVE_EVERY + 1, f"the resumed run started at step {resumed_curve[0][0]}, not {SAVE_EVERY + 1}"
+    assert resumed_curve[-1][0] == STEPS
+    overlap = range(SAVE_EVERY + 1, max(step for step, _ in killed_curve) + 1)
+    diff = compare_loss_curves(killed_curve, resumed_curve, overlap)
+    assert len(overlap) >= SAVE_EVERY - 1 and diff < 0.02, f"steps {overlap.start}-{overlap.stop - 1} differ by up to {diff}"
+    print(f"KILL_DURING_SAVE_OK gpu={torch.cuda.get_device_name()} killed_while_writing={writing.name}"
+          f" partial_files={len(seen['partial_files'])} tracker={seen['tracker']} resumed_from={SAVE_EVERY}"
+          f" compared_steps={overlap.start}-{overlap.stop - 1} max_abs_loss_diff={diff:.6f}")
