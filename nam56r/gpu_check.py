@@ -5,7 +5,8 @@ tiny training run with a checkpoint and a resume, summarized in one JSON file.
     nox -s gpu-check -- [the same options]
 
 Parts, in order, each with a status (passed | failed | skipped), its wall time and key figures:
-  tests  `pytest -m gpu tests/`: every GPU test's outcome, read from pytest's JUnit XML. With the
+  tests  `pytest -m gpu tests/`: every GPU test's outcome, read from pytest's JUnit XML, and one
+         `gpu-tests` record in patches/manifest.toml with the outcomes and the passing tests' sentinel lines. With the
          train part on, the 40-step resume test (tests/nam56r/test_gpu_train.py) is deselected: the
          train part runs the same check at 20 steps.
   packs  `tools/packs.py run --all --needs gpu --jobs 3`: each pack's verdict, per side its exit code and
@@ -29,6 +30,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -39,6 +41,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from nam56r_patchlane.errors import PatchlaneError
 
 from nam56r.logged_run import run_logged
 from nam56r.resume_check import ResumeCheck, ResumeResult, build_tiny_data, run_resume_check
@@ -116,10 +120,38 @@ def pytest_part(opts: Options) -> dict:
                         + (f": {', '.join(bad)}" if bad else f"; its log ends:\n{run.tail()}"))
     if not junit.is_file():
         problems.append(f"pytest wrote no {junit}")
+    records = []
+    if opts.record and tests:
+        try:  # outcomes are history: a failing run is recorded too
+            records.append(asdict(append_tests_record(opts, command, run.exit_code, tests, log)))
+        except (OSError, ValueError, PatchlaneError) as exc:
+            problems.append(f"the GPU tests were not recorded: {exc}")
     return {"status": "failed" if problems else "passed", "command": command, "exit_code": run.exit_code, "log": str(log),
-            "junit": str(junit), "counts": dict(counts), "tests": tests,
+            "junit": str(junit), "counts": dict(counts), "tests": tests, "records": records,
             "deselected": [{"id": d, "reason": "the train part runs this check at 20 steps"} for d in deselected],
             "problems": problems}
+
+
+SENTINEL_LINE = re.compile(r"^[A-Z0-9]+(?:_[A-Z0-9]+)*_OK\b.*$", re.M)  # what a passing GPU test prints with its figures
+
+
+def append_tests_record(opts: Options, command: list[str], exit_code: int, tests: list[dict], log: Path):
+    """The tests' outcomes and their sentinel lines (from pytest's -rA report in `log`) as one
+    `gpu-tests` record appended to <root>/patches/manifest.toml."""
+    from nam56r_patchlane.manifest import GpuTestsRecord, append_record, host_stamp, now_utc
+
+    from nam56r.train_record import checkout_commit
+
+    commit, dirty = checkout_commit(opts.root)
+    by = {outcome: tuple(t["id"] for t in tests if t["outcome"] in kinds)
+          for outcome, kinds in (("passed", ("passed",)), ("failed", ("failed", "error")), ("skipped", ("skipped",)))}
+    sentinels = tuple(dict.fromkeys(line[:400] for line in SENTINEL_LINE.findall(log.read_text(errors="replace"))))
+    record = GpuTestsRecord(what="gpu-tests", host=host_stamp(opts.python), commit=commit, dirty=dirty,
+                            command=" ".join(command), exit_code=exit_code, sentinels=sentinels, date=now_utc(),
+                            passed=by["passed"], failed=by["failed"], skipped=by["skipped"],
+                            figures=f"{len(by['passed'])} passed, {len(by['failed'])} failed, {len(by['skipped'])} skipped")
+    append_record(opts.root, record)
+    return record
 
 
 def packs_part(opts: Options) -> dict:

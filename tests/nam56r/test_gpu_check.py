@@ -42,6 +42,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_passes():
+    print("SAMPLE_SUM_OK sum=2")
     assert 1 + 1 == 2
 
 
@@ -98,6 +99,8 @@ def test_tests_part_has_every_tests_outcome_from_a_real_pytest_run(tmp_path: Pat
     (tmp_path / "suite").mkdir()
     (tmp_path / "suite" / "test_sample.py").write_text(SAMPLE_TESTS)
     (tmp_path / "suite" / "test_cpu_only.py").write_text("def test_not_marked():\n    pass\n")
+    for args in (["init", "-q"], ["add", "suite"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "suite"]):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True)
     opts = Options(out_dir=tmp_path / "out", root=tmp_path, test_paths=("suite",), skip=frozenset({"train"}), echo=False)
 
     part = pytest_part(opts)
@@ -112,6 +115,13 @@ def test_tests_part_has_every_tests_outcome_from_a_real_pytest_run(tmp_path: Pat
     assert "arithmetic" in failed["message"]
     assert "-m" in part["command"] and "gpu" in part["command"] and part["deselected"] == []
     assert Path(part["junit"]).is_file() and "test_fails FAILED" in Path(part["log"]).read_text()
+    [record] = tomllib.loads((tmp_path / "patches" / "manifest.toml").read_text())["record"]
+    assert part["records"] == [{**record, "sentinels": tuple(record["sentinels"]), "passed": tuple(record["passed"]),
+                                "failed": tuple(record["failed"]), "skipped": tuple(record["skipped"])}]
+    assert record["kind"] == "gpu-tests" and record["exit_code"] == 1 and record["sentinels"] == ["SAMPLE_SUM_OK sum=2"]
+    assert record["failed"] == ["suite/test_sample.py::test_fails"] and len(record["passed"]) == 2
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert record["commit"] == head
 
 
 def test_tests_part_leaves_the_resume_test_to_the_train_part(tmp_path: Path) -> None:
@@ -119,8 +129,9 @@ def test_tests_part_leaves_the_resume_test_to_the_train_part(tmp_path: Path) -> 
     owner.parent.mkdir(parents=True)
     name = COVERED_BY_TRAIN.split("::")[1]
     owner.write_text(f"import pytest\n\npytestmark = pytest.mark.gpu\n\n\ndef {name}():\n    pass\n\n\ndef test_other():\n    pass\n")
-    with_train = Options(out_dir=tmp_path / "a", root=tmp_path, test_paths=("tests",), echo=False)
-    without_train = Options(out_dir=tmp_path / "b", root=tmp_path, test_paths=("tests",), skip=frozenset({"train"}), echo=False)
+    with_train = Options(out_dir=tmp_path / "a", root=tmp_path, test_paths=("tests",), echo=False, record=False)
+    without_train = Options(out_dir=tmp_path / "b", root=tmp_path, test_paths=("tests",), skip=frozenset({"train"}), echo=False,
+                            record=False)
 
     deselecting, keeping = pytest_part(with_train), pytest_part(without_train)
 

@@ -5,7 +5,8 @@ driver, python/torch/triton/CUDA versions), against which upstream commit and pa
 with which command, exit code and sentinels, and when. A train record (`kind = "train"`) says
 instead which commit trained, with which command, and the run's figures (steps, first and final
 loss, tokens/s/GPU, TFLOP/s/GPU, peak memory, time to the first step), as the run's own summary
-states them. Records are only ever appended.
+states them. A GPU-test record (`kind = "gpu-tests"`) lists a GPU host's test outcomes and the
+sentinel lines its passing tests printed. Records are only ever appended.
 """
 
 from __future__ import annotations
@@ -150,6 +151,26 @@ class TrainRecord:
     kind: str = "train"
 
 
+@dataclass(frozen=True)
+class GpuTestsRecord:
+    """A GPU host's run of the GPU test suite (`python -m nam56r.gpu_check`'s tests part): every test's
+    outcome and the sentinel lines the passing tests printed with their figures."""
+
+    what: str  # "gpu-tests"
+    host: HostStamp
+    commit: str
+    dirty: bool
+    command: str
+    exit_code: int  # pytest's
+    sentinels: tuple[str, ...]  # e.g. "KILL_DURING_SAVE_OK gpu=NVIDIA H200 ... max_abs_loss_diff=0.000012"
+    date: str
+    passed: tuple[str, ...]  # test ids
+    failed: tuple[str, ...]  # failed or errored
+    skipped: tuple[str, ...]
+    figures: str = ""
+    kind: str = "gpu-tests"
+
+
 def _toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -162,7 +183,7 @@ def _toml_value(value) -> str:
     return json.dumps(str(value), ensure_ascii=False)  # JSON strings are valid TOML basic strings
 
 
-def render_record(record: Record | TrainRecord) -> str:
+def render_record(record: Record | TrainRecord | GpuTestsRecord) -> str:
     """One `[[record]]` table; None fields are left out (TOML has no null)."""
     lines = ["", "[[record]]"]
     for key, value in asdict(record).items():
@@ -173,7 +194,7 @@ def render_record(record: Record | TrainRecord) -> str:
     return "\n".join(lines) + "\n"
 
 
-def append_record(root: Path, record: Record | TrainRecord) -> Path:
+def append_record(root: Path, record: Record | TrainRecord | GpuTestsRecord) -> Path:
     path = root / MANIFEST_RELATIVE_PATH
     text = (path.read_text() if path.exists() else HEADER) + render_record(record)
     try:
@@ -185,12 +206,14 @@ def append_record(root: Path, record: Record | TrainRecord) -> Path:
     return path
 
 
-def record_from_table(raw: dict) -> Record | TrainRecord:
-    """A `[[record]]` table read back into its record type (train records by `kind`)."""
-    cls = TrainRecord if raw.get("kind") == "train" else Record
+def record_from_table(raw: dict) -> Record | TrainRecord | GpuTestsRecord:
+    """A `[[record]]` table read back into its record type (train and GPU-test records by `kind`)."""
+    cls = {"train": TrainRecord, "gpu-tests": GpuTestsRecord}.get(raw.get("kind", ""), Record)
     host = HostStamp(**{k: raw.get("host", {}).get(k, "") for k in HostStamp.__dataclass_fields__})
     fields = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw and k != "host"}
-    fields["sentinels"] = tuple(fields.get("sentinels", ()))
+    for key in ("sentinels", "passed", "failed", "skipped"):
+        if key in cls.__dataclass_fields__:
+            fields[key] = tuple(fields.get(key, ()))
     if cls is TrainRecord:
         fields.setdefault("peak_memory_gib", None)
         fields.setdefault("time_to_first_step_s", None)

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -165,6 +166,9 @@ def _figures(output: str) -> str:
     return " | ".join(keep)[:2000]
 
 
+_RECORDING = threading.Lock()  # `packs run --jobs` records from several threads of one process
+
+
 def record_side(root: Path, lock: Lock, pack: Pack, result: SideResult) -> Record:
     first = next(line for line in result.output.splitlines() if line.strip())
     script = pack.script_path.relative_to(root) if pack.script_path.is_relative_to(root) else pack.script_path
@@ -200,7 +204,8 @@ def run_pack(pack: Pack, root: Path, lock: Lock, python: str = sys.executable, s
     records = []
     for result in results if record else ():
         try:  # failures are recorded too: the manifest is the history, preflight reads the latest pass
-            records.append(record_side(root, lock, pack, result))
+            with _RECORDING:
+                records.append(record_side(root, lock, pack, result))
         except PatchlaneError as exc:
             log(f"  {result.side}: not recorded: {exc}")
     problems = tuple(p for r in results for p in r.problems)
