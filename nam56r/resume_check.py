@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nam56r.logged_run import LoggedRun, run_logged
-from nam56r.runlog import LOSS_TAG, SUMMARY_FILE, compare_loss_curves, loss_curve, resolve_tensorboard_dir
+from nam56r.runlog import LOSS_TAG, SUMMARY_FILE, compare_loss_curves, headline, loss_curve, resolve_tensorboard_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINTS = "checkpoints"
@@ -55,20 +55,9 @@ class TrainRun:
         return json.loads(path.read_text()) if path.is_file() else None
 
     def figures(self) -> dict:
-        """The run's key figures, from its summary.json (None where the run wrote none)."""
-        summary = self.summary() or {}
-        loss = summary.get("losses", {}).get(LOSS_TAG, {})
-        medians = summary.get("median_over_window", {})
-        return {
-            "run_dir": str(self.run_dir), "command": self.launch.command, "exit_code": self.exit_code,
-            "seconds": round(self.launch.seconds, 1), "log": str(self.launch.log),
-            "first_step": summary.get("steps", {}).get("first"), "last_step": summary.get("steps", {}).get("last"),
-            "loss_first": loss.get("first"), "loss_last": loss.get("last"),
-            "tokens_per_s_per_gpu": medians.get("tokens_per_s_per_gpu"),
-            "tflops_per_s_per_gpu": medians.get("tflops_per_s_per_gpu"),
-            "peak_memory_gib": summary.get("peak_memory", {}).get("gib"),
-            "time_to_first_step_s": summary.get("time_to_first_step_s"),
-        }
+        """How it ran, and its headline figures from its summary.json (None where the run wrote none)."""
+        return {"run_dir": str(self.run_dir), "command": self.launch.command, "exit_code": self.exit_code,
+                "seconds": round(self.launch.seconds, 1), "log": str(self.launch.log), **asdict(headline(self.summary() or {}))}
 
 
 @dataclass(frozen=True)

@@ -259,6 +259,32 @@ def _json_value(value: float) -> float | None:
     return value if math.isfinite(value) else None  # strict JSON has no NaN/inf: written as null
 
 
+@dataclass(frozen=True)
+class Headline:
+    """A run's headline figures as its summary.json states them; None where it states none (a run that
+    logged nothing, a non-finite loss, a memory or startup figure not logged)."""
+
+    first_step: int | None
+    last_step: int | None
+    loss_first: float | None  # LOSS_TAG at first_step
+    loss_last: float | None  # LOSS_TAG at last_step
+    tokens_per_s_per_gpu: float | None  # medians over the summary's steady-state window
+    tflops_per_s_per_gpu: float | None
+    peak_memory_gib: float | None
+    time_to_first_step_s: float | None
+
+
+def headline(summary: dict) -> Headline:
+    """The one reader of a summary's headline figures (gpu-check's run figures, the manifest's train records)."""
+    loss = summary.get("losses", {}).get(LOSS_TAG, {})
+    medians, steps = summary.get("median_over_window", {}), summary.get("steps", {})
+    return Headline(first_step=steps.get("first"), last_step=steps.get("last"), loss_first=loss.get("first"),
+                    loss_last=loss.get("last"), tokens_per_s_per_gpu=medians.get("tokens_per_s_per_gpu"),
+                    tflops_per_s_per_gpu=medians.get("tflops_per_s_per_gpu"),
+                    peak_memory_gib=summary.get("peak_memory", {}).get("gib"),
+                    time_to_first_step_s=summary.get("time_to_first_step_s"))
+
+
 def summarize_run(
     tensorboard_dir: Path | str,
     config: ModelConfig,

@@ -20,7 +20,7 @@ from pathlib import Path
 from nam56r_patchlane.errors import PatchlaneError
 from nam56r_patchlane.manifest import TrainRecord, append_record, host_stamp, now_utc
 
-from nam56r.runlog import LOSS_TAG, SUMMARY_FILE
+from nam56r.runlog import LOSS_TAG, SUMMARY_FILE, headline
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMAND_FILE = "command.sh"
@@ -55,27 +55,25 @@ def train_record(run_dir: Path, summary_file: Path | None = None, python: str = 
     command_path = run_dir / COMMAND_FILE
     if not command_path.is_file():
         raise FileNotFoundError(f"{command_path} not found: not a run directory of nam56r.train, which writes it at launch")
-    losses = summary["losses"].get(LOSS_TAG)
-    if losses is None:
+    if LOSS_TAG not in summary["losses"]:
         raise ValueError(f"{run_dir}: the summary has no {LOSS_TAG!r} (losses: {', '.join(summary['losses']) or 'none'})")
-    medians, steps = summary["median_over_window"], summary["steps"]
+    figures = headline(summary)
     commit, dirty = checkout_commit()
-    peak_gib = summary["peak_memory"]["gib"]
-    startup = summary.get("time_to_first_step_s")
-    figures = (f"{LOSS_TAG} {_loss(losses['first']):.4f} (step {losses['first_step']}) -> {_loss(losses['last']):.4f}"
-               f" (step {losses['last_step']}); {medians['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU,"
-               f" {medians['tflops_per_s_per_gpu']:.3g} TFLOP/s/GPU ({summary['window']['rule']});"
-               f" peak {'not logged' if peak_gib is None else f'{peak_gib:.2f} GiB'};"
-               f" first step after {'-' if startup is None else f'{startup:.0f} s'}")
+    peak_gib, startup = figures.peak_memory_gib, figures.time_to_first_step_s
+    text = (f"{LOSS_TAG} {_loss(figures.loss_first):.4f} (step {figures.first_step}) -> {_loss(figures.loss_last):.4f}"
+            f" (step {figures.last_step}); {figures.tokens_per_s_per_gpu:,.0f} tokens/s/GPU,"
+            f" {figures.tflops_per_s_per_gpu:.3g} TFLOP/s/GPU ({summary['window']['rule']});"
+            f" peak {'not logged' if peak_gib is None else f'{peak_gib:.2f} GiB'};"
+            f" first step after {'-' if startup is None else f'{startup:.0f} s'}")
     return TrainRecord(
         what=f"train:{recipe['name']}", host=host_stamp(python), commit=commit, dirty=dirty,
-        command=command_path.read_text().strip(), exit_code=0 if steps["last"] >= recipe["steps"] else 1,
+        command=command_path.read_text().strip(), exit_code=0 if figures.last_step >= recipe["steps"] else 1,
         sentinels=(), date=now_utc(), run_dir=str(run_dir), recipe=recipe["name"], preset=summary["preset"],
         world_size=summary["world_size"], seq_length=summary["seq_length"],
-        global_batch_size=medians["global_batch_size"], first_step=steps["first"], last_step=steps["last"],
-        loss_first=_loss(losses["first"]), loss_final=_loss(losses["last"]),
-        tokens_per_s_per_gpu=medians["tokens_per_s_per_gpu"], tflops_per_s_per_gpu=medians["tflops_per_s_per_gpu"],
-        peak_memory_gib=peak_gib, time_to_first_step_s=startup, figures=figures,
+        global_batch_size=summary["median_over_window"]["global_batch_size"], first_step=figures.first_step,
+        last_step=figures.last_step, loss_first=_loss(figures.loss_first), loss_final=_loss(figures.loss_last),
+        tokens_per_s_per_gpu=figures.tokens_per_s_per_gpu, tflops_per_s_per_gpu=figures.tflops_per_s_per_gpu,
+        peak_memory_gib=peak_gib, time_to_first_step_s=startup, figures=text,
     )
 
 
