@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,6 +12,37 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EXIT_TIMED_OUT = 124  # what coreutils' timeout(1) returns
+
+
+def process_tree(root_pid: int) -> list[int]:
+    """`root_pid` and every process descended from it, parents first, from /proc. torchrun starts each
+    rank in a session of its own, so a kill of the launcher's process group leaves the ranks running."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, index = [root_pid], 0
+    while index < len(tree):
+        tree += children.get(tree[index], [])
+        index += 1
+    return tree
+
+
+def kill_tree(root_pid: int) -> list[int]:
+    """SIGKILL `root_pid` and all its descendants (found first, then killed: none can start another meanwhile
+    unnoticed, as SIGSTOP holds each until the kill); the pids killed."""
+    tree = process_tree(root_pid)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    tree = list(dict.fromkeys(tree + [p for pid in tree for p in process_tree(pid)]))  # forked before the stop
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return tree
 
 
 @dataclass(frozen=True)
@@ -32,7 +64,7 @@ def run_logged(command: list[str], log: Path, prefix: str, cwd: Path, timeout_s:
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with log.open("w") as sink:
-        # Its own process group, so a timeout also ends what it started (torchrun's ranks hold the pipe too).
+        # Its own session, so Ctrl-C at the terminal reaches only us; a timeout kills its whole process tree.
         proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -49,11 +81,11 @@ def run_logged(command: list[str], log: Path, prefix: str, cwd: Path, timeout_s:
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
             code = EXIT_TIMED_OUT
-        except BaseException:  # Ctrl-C reaches only this process: its own group would run on
-            os.killpg(proc.pid, signal.SIGKILL)
+        except BaseException:  # Ctrl-C reaches only this process: what it started would run on
+            kill_tree(proc.pid)
             raise
         reader.join()
         if code == EXIT_TIMED_OUT:

@@ -41,8 +41,12 @@ def _train_command(run_dir: Path, data: Path, *extra: str) -> list[str]:
 
 
 def _kill_when_written(command: list[str], log: Path, checkpoint_dir: Path, timeout_s: float = 900.0) -> dict:
-    """Run `command` (its own process group) and SIGKILL the whole group the moment `checkpoint_dir`
-    appears, that is while Megatron writes it; what the tracker and the directory held then."""
+    """Run `command` and SIGKILL it with every process under it (torchrun's ranks run in sessions of
+    their own) the moment `checkpoint_dir` appears, that is while Megatron writes it; what the tracker
+    and the directory held then, and the pids killed."""
+    from nam56r.logged_run import kill_tree
+
+    killed: list[int] = []
     with log.open("w") as sink:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -53,14 +57,25 @@ def _kill_when_written(command: list[str], log: Path, checkpoint_dir: Path, time
                     raise AssertionError(f"{' '.join(command)} ended (exit {proc.returncode}) before writing {checkpoint_dir}:\n"
                                          + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
                 time.sleep(0.002)
-            os.killpg(proc.pid, signal.SIGKILL)
+            killed = kill_tree(proc.pid)
         finally:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
             proc.wait()
     tracker = checkpoint_dir.parent / TRACKER
     return {"exit_code": proc.returncode, "tracker": tracker.read_text().strip() if tracker.is_file() else None,
-            "partial_files": sorted(p.name for p in checkpoint_dir.iterdir())}
+            "partial_files": sorted(p.name for p in checkpoint_dir.iterdir()), "killed": killed}
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists() and _state(pid) not in ("Z", "X")]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
 
 
 def test_a_kill_during_a_checkpoint_save_resumes_from_the_last_complete_checkpoint(megatron_built, tiny_data, tmp_path) -> None:
@@ -74,8 +89,11 @@ def test_a_kill_during_a_checkpoint_save_resumes_from_the_last_complete_checkpoi
     seen = _kill_when_written(_train_command(killed_dir, tiny_data, "--save-interval", str(SAVE_EVERY)), killed_log, writing)
 
     assert seen["exit_code"] == -signal.SIGKILL or seen["exit_code"] == 128 + signal.SIGKILL, seen
+    assert len(seen["killed"]) >= 3, f"the launcher, torchrun and the rank: {seen}"
     assert seen["tracker"] == str(SAVE_EVERY), f"the tracker moved before {writing.name} was complete: {seen}"
-    assert (checkpoints / TRACKER).read_text().strip() == str(SAVE_EVERY)  # nothing wrote it after the kill either
+    time.sleep(10)  # longer than the save takes: a rank that outlived the kill would have moved the tracker by now
+    assert not _alive(seen["killed"]), f"processes of the killed run still alive: {_alive(seen['killed'])}"
+    assert (checkpoints / TRACKER).read_text().strip() == str(SAVE_EVERY)
 
     resumed_dir = tmp_path / "resumed"
     resumed = subprocess.run(_train_command(resumed_dir, tiny_data, "--save-interval", str(STEPS), "--load", str(checkpoints),
