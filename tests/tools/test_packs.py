@@ -68,6 +68,18 @@ def test_run_takes_a_relative_python_from_the_callers_directory(packed: Lane, mo
     assert missing.code != 0 and "--python no/such/python: no such interpreter" in missing.text
 
 
+def test_a_parked_pack_is_reported_with_its_reason_and_neither_run_nor_recorded(packed: Lane) -> None:
+    toml = packed.root / "patches" / "packs" / PACK / "pack.toml"
+    parked = 'patched = ["FIX_VALIDATED"]\nparked = "the pin cannot reach it"'
+    toml.write_text(toml.read_text().replace('patched = ["FIX_VALIDATED"]', parked, 1))
+
+    result = packs(packed, "run", "--all")
+
+    assert result.code == 0, result.text
+    assert f"{PACK}: PARKED: the pin cannot reach it (not run, nothing recorded)" in result.out
+    assert "BUG_REPRODUCED" not in result.out and records(packed) == []
+
+
 def test_run_fails_when_a_side_prints_the_wrong_sentinel(packed: Lane) -> None:
     (packed.root / "patches" / "packs" / PACK / "pack.toml").write_text(pack_toml(args=["--mode", "liar"]))
 

@@ -56,7 +56,8 @@ class SideResult:
                 "sentinels": list(self.sentinels), "problems": list(self.problems)}
 
 
-VERDICTS = ("passed", "FAILED", "NEEDS_GPU", "ERROR")  # ERROR: the pack could not be run (its problems say why)
+# ERROR: the pack could not be run (its problems say why); PARKED: pack.toml says why it cannot run on the pin.
+VERDICTS = ("passed", "FAILED", "NEEDS_GPU", "PARKED", "ERROR")
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class PackOutcome:
 
     @property
     def exit_code(self) -> int:
-        return {"passed": 0, "NEEDS_GPU": EXIT_NEEDS_GPU}.get(self.verdict, 1)
+        return {"passed": 0, "PARKED": 0, "NEEDS_GPU": EXIT_NEEDS_GPU}.get(self.verdict, 1)
 
     def to_json(self) -> dict:
         return {"pack": self.pack, "verdict": self.verdict, "exit_code": self.exit_code, "seconds": round(self.seconds, 3),
@@ -189,6 +190,9 @@ def run_pack(pack: Pack, root: Path, lock: Lock, python: str = sys.executable, s
     """Run the reproducer on each side and judge it by pack.toml: passed (every side did what pack.toml
     documents, recorded), FAILED (a side did not; recorded too), NEEDS_GPU (nothing measured or recorded)."""
     started = time.monotonic()
+    if pack.reproducer.parked:
+        log(f"{pack.id}: PARKED: {pack.reproducer.parked} (not run, nothing recorded)")
+        return PackOutcome(pack.id, "PARKED", seconds=time.monotonic() - started)
     tree, commits = side_commits(pack, root, lock)
     scratch = Path(tempfile.mkdtemp(prefix=f"pack-{pack.id}-")) if keep is None else keep
     try:

@@ -42,6 +42,7 @@ class Reproducer:
     base: str
     patched: tuple[str, ...]
     base_exit: int = 0  # the exit code the reproducer documents for the base side (the patched side's is always 0)
+    parked: str = ""  # why it cannot run on the pinned upstream; a parked pack is reported, never run or recorded
 
     def expected(self, side: str) -> tuple[tuple[str, ...], int]:
         """The sentinels a side must print and the exit code it must end with."""
@@ -128,7 +129,8 @@ def load_pack(folder: Path) -> Pack:
             reproducer=Reproducer(script=repro.get("script", "repro.py"), needs=repro["needs"],
                                   args=_strings(repro.get("args", []), where, "reproducer.args"), base=repro["base"],
                                   patched=_strings(repro["patched"], where, "reproducer.patched"),
-                                  base_exit=_exit_code(repro.get("base_exit", 0), where, "reproducer.base_exit")),
+                                  base_exit=_exit_code(repro.get("base_exit", 0), where, "reproducer.base_exit"),
+                                  parked=str(repro.get("parked", ""))),
             proves=_strings(scope.get("proves", []), where, "scope.proves"),
             does_not_prove=_strings(scope.get("does_not_prove", []), where, "scope.does_not_prove"),
             filing=Filing(**{k: str(filing.get(k, "")) for k in Filing.__dataclass_fields__}),

@@ -27,8 +27,9 @@ factory's pass configs: every TIR pass, layout inference included, and CUDA sour
 no nvcc and no kernel load. Layout inference, where the reported FloorMod arises, is a host-side
 pass, so this needs no GPU. When a TMA-on build fails, the release's own configuration (TMA off)
 is built once at the first shape as a control. TileLang's kernel cache is off for the run. The
-z3-solver wheel's libz3 is preloaded before tilelang is imported (see preload_z3: from a tree,
-libtvm.so would otherwise resolve libz3 from the system search path); the libz3 mapped is printed.
+reproducer runs with the z3-solver wheel's lib folder first on LD_LIBRARY_PATH (see
+z3_first_on_library_path: from a tree, libtvm.so would otherwise resolve libz3.so from the system
+search path, which may hold none); the libz3 mapped is printed.
 
 Prints, after the host stamp line:
   BUG_REPRODUCED   a build raised with "FloorMod" / "divide by zero" in the message (first lines shown)
@@ -49,7 +50,6 @@ range); 1 otherwise (BUG_REPRODUCED on >= 0.1.12 is a regression of the fix).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import importlib
 import importlib.metadata
@@ -105,17 +105,22 @@ def host_stamp(tree: Path, mamba_tree: Path, tilelang: types.ModuleType | None) 
             f" mamba={git_head(mamba_tree)}")
 
 
-def preload_z3() -> str:
-    """libtvm.so needs libz3.so through the RUNPATH $ORIGIN/../../z3/lib, which holds only in a site-packages
-    install; imported from a tree it falls back to the system search path (a system libz3 made lowering 10x
-    slower on our CPU host). The z3-solver wheel's library, loaded RTLD_GLOBAL first, is the one its symbols
-    then bind to."""
+def z3_first_on_library_path() -> str:
+    """libtvm.so NEEDs libz3.so, found through its RUNPATH $ORIGIN/../../z3/lib only in a site-packages
+    install; imported from a tree it falls back to the system search path, which on a GPU node may hold
+    none (and a system libz3 made lowering 10x slower on our CPU host). Preloading the wheel's library
+    does not satisfy that NEEDED entry (its soname is libz3.so.4.15), and the loader reads
+    LD_LIBRARY_PATH only when a process starts: so the reproducer re-executes itself once with the
+    z3-solver wheel's lib folder first on LD_LIBRARY_PATH."""
     spec = importlib.util.find_spec("z3")
-    lib = Path(spec.origin).parent / "lib" / "libz3.so" if spec and spec.origin else None
-    if lib is None or not lib.exists():
+    lib_dir = Path(spec.origin).parent / "lib" if spec and spec.origin else None
+    if lib_dir is None or not (lib_dir / "libz3.so").exists():
         return "z3-solver's libz3.so not found: libtvm.so resolves libz3.so from the system search path"
-    ctypes.CDLL(str(lib), mode=os.RTLD_GLOBAL)
-    return f"preloaded {lib}"
+    paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    if not paths or paths[0] != str(lib_dir):
+        os.environ["LD_LIBRARY_PATH"] = ":".join([str(lib_dir), *paths])
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    return f"{lib_dir} first on LD_LIBRARY_PATH"
 
 
 def mapped_z3() -> list[str]:
@@ -182,11 +187,11 @@ def main() -> int:
     parser.add_argument("--arch", default=None, help="CUDA arch for lowering without a GPU (default sm_90a)")
     parser.add_argument("--lower-only", action="store_true", help="lower for --arch even on a CUDA host (no nvcc)")
     args = parser.parse_args()
+    z3_note = z3_first_on_library_path()
     tree, mamba_tree = args.tree.resolve(), args.mamba_tree.resolve()
     os.environ.setdefault("TILELANG_DISABLE_CACHE", "1")  # every build below is a real build
     sys.path.insert(0, str(tree))
     sys.path.insert(1, str(mamba_tree))
-    z3_note = preload_z3()
     try:
         tilelang = importlib.import_module("tilelang")
         import_error = None
