@@ -140,7 +140,9 @@ _ITERATION_LINE = re.compile(r" iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: (\S+) 
 
 def logged_loss_curve(log_text: str) -> list[tuple[int, float]]:
     """(step, lm loss) from Megatron's per-iteration log lines ('iteration 7/ 20 | ... | lm loss:
-    5.43E+00 |'): the curve of a run killed before its TensorBoard writer flushed."""
+    5.43E+00 |'): the curve of a run killed before its TensorBoard writer flushed. Megatron prints at
+    the second logged step of a run (or of a resumed run) the mean of the first two steps' losses;
+    from the third on each line is that step's loss (its TensorBoard events are per step throughout)."""
     return [(int(m.group(1)), float(m.group(2))) for m in _ITERATION_LINE.finditer(log_text)]
 
 
