@@ -15,6 +15,8 @@ environments only carry the patch tool's dependency (GitPython).
 Pass build options after `--`: `nox -s build -- --profile cpu --cache DIR --offline`. With a GPU
 machine's own CUDA torch: `nox -s build -- --base-python /path/to/bin/python` (.venv sees its packages).
 After an offline build, every session installs from that cache (.venv records it).
+One build at a time writes the checkout: a second waits for the first, naming it; `nox -s build --
+--lock-timeout 0` refuses at once instead (exit 75), `--lock-timeout SECONDS` waits that long at most.
 """
 
 from __future__ import annotations

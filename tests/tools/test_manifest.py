@@ -6,12 +6,15 @@ import hashlib
 import importlib.metadata
 import math
 import platform
+import subprocess
 import sys
+import time
 import tomllib
+from pathlib import Path
 
 import pytest
 from nam56r_patchlane.errors import PatchlaneError
-from nam56r_patchlane.manifest import TrainRecord, append_record, merge_records, parse_host_line, record_from_table
+from nam56r_patchlane.manifest import HostStamp, Record, TrainRecord, append_record, merge_records, parse_host_line, record_from_table
 from nam56r_patchlane.patchfile import read_patch
 from patchlane_testlib import Lane
 
@@ -209,3 +212,81 @@ def test_an_append_to_a_manifest_that_is_not_valid_toml_writes_nothing(lane: Lan
         append_record(lane.root, train_record())
 
     assert manifest.read_text() == broken
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {tools!r})
+from nam56r_patchlane.cli import main
+root, go, who, count = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+while not go.exists():
+    time.sleep(0.002)
+for i in range(count):
+    code = main(["--root", root, "manifest", "add", "--what", f"pack:{{who}}-{{i}}", "-u", "fakeup", "--command", "c",
+                 "--exit-code", "0", "--host-line", "host: gpu=cpu driver=- python=3.11.7 torch=- triton=- cuda=-"])
+    if code:
+        sys.exit(code)
+"""
+READER = """
+import sys, time, tomllib
+from pathlib import Path
+path, stop = Path(sys.argv[1]), Path(sys.argv[2])
+reads = broken = 0
+while not stop.exists():
+    if path.exists():
+        reads += 1
+        try:
+            tomllib.loads(path.read_text())["record"]
+        except (tomllib.TOMLDecodeError, KeyError):
+            broken += 1
+print(reads, broken)
+"""
+
+
+def test_processes_appending_at_once_keep_every_record_and_a_valid_file(lane: Lane, tmp_path) -> None:
+    """Real processes through the real CLI, released together; a reader beside them never sees a partial file."""
+    tools = str(Path(__file__).resolve().parents[2] / "tools")
+    writers, each = 8, 25
+    manifest = lane.root / "patches" / "manifest.toml"
+    go, stop = tmp_path / "go", tmp_path / "stop"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER.format(tools=tools), str(lane.root), str(go), f"w{n}", str(each)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for n in range(writers)]
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(manifest), str(stop)], stdout=subprocess.PIPE, text=True)
+    time.sleep(2.0)  # every writer has imported the CLI and waits for `go`
+    go.touch()
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    stop.touch()
+    reads, broken = map(int, reader.communicate(timeout=60)[0].split())
+
+    assert [p.returncode for p in procs] == [0] * writers, errors
+    whats = sorted(r["what"] for r in records(lane))
+    assert whats == sorted(f"pack:w{n}-{i}" for n in range(writers) for i in range(each))
+    assert manifest.read_text().startswith("# Validation manifest")
+    assert reads > 0 and broken == 0
+    assert not list(manifest.parent.glob(".manifest.toml.*.tmp"))  # no temporary file left behind
+
+
+def test_threads_of_one_process_append_one_at_a_time(tmp_path: Path) -> None:
+    """gpu-check's parts run in threads of one process and each appends records: the manifest lock
+    makes each thread wait for the other's read-modify-write, as it does between processes."""
+    import threading
+
+    host = HostStamp("cpu", "", "", "3.11", "", "", "")
+    records = [Record(what=f"t{i}", upstream="u", upstream_commit="c", patch_sha256="", host=host, command="x", exit_code=0,
+                      sentinels=(), date="2026-11-23T00:00:00Z") for i in range(120)]
+    start = threading.Barrier(4)
+
+    def worker(chunk: list[Record]) -> None:
+        start.wait()
+        for record in chunk:
+            append_record(tmp_path, record)
+
+    threads = [threading.Thread(target=worker, args=(records[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    written = tomllib.loads((tmp_path / "patches" / "manifest.toml").read_text())["record"]
+    assert sorted(r["what"] for r in written) == sorted(r.what for r in records)

@@ -19,6 +19,7 @@ Modules, one job each:
   check       the CI gate
   rebase      re-apply a series on another upstream version and report per patch
   manifest    the append-only validation manifest and host stamps
+  checkout_lock  flock locks: one command at a time writes a checkout (third_party/, .venv, cache) or the manifest
   pinned      the unpatched release's sources at a tree's base tag (for same-run comparisons)
   cli         argparse front end (tools/apply_patches.py)
 

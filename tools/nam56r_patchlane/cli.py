@@ -14,6 +14,7 @@ from .build import BuildOptions, format_table, run_build
 from .cachefill import FillOptions, run_fill
 from .cachemanifest import size_table, split_cache, verify_cache
 from .check import run_check
+from .checkout_lock import CHECKOUT_LOCK_RELATIVE_PATH, checkout_lock
 from .environment import detect_profile
 from .errors import PatchlaneError
 from .gittree import UpstreamTree, is_git_tree
@@ -25,6 +26,8 @@ from .series import read_series
 from .wheeltarget import WheelTarget
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2]
+LOCK_NOTE = (f"It holds {CHECKOUT_LOCK_RELATIVE_PATH} while it runs: another command that writes this checkout waits"
+             " for it, naming it once, or gives up after --lock-timeout SECONDS (0: refuses at once, exit 75).")
 EPILOG = """\
 Typical flow:
   build                      materialize + patch + install every upstream (no-op when nothing changed)
@@ -34,6 +37,12 @@ Typical flow:
   refresh -u NAME            fold further edits into the top patch, header kept
   check                      the CI gate
   rebase -u NAME --to 0.20.0 report how the series fares on another upstream version
+
+One command at a time writes a checkout: build, push, pop, new, refresh, import, export, rebase and
+cache fill hold third_party/.patchlane.lock while they run. A second one waits, naming the holder
+(pid, command, since when) once; Ctrl-C stops waiting and changes nothing. --lock-timeout SECONDS
+bounds the wait (0 refuses at once, exit 75). A holder that died never blocks: the kernel releases
+its lock. Records are appended to patches/manifest.toml one process at a time (patches/.manifest.lock).
 """
 
 
@@ -256,6 +265,9 @@ def _add_common(parser: argparse.ArgumentParser, defaults: bool) -> None:
                         help=f"artifact cache directory (default: {default_cache_dir()})")
     parser.add_argument("--offline", action="store_true", default=default(False), help="never reach the package index; use only --cache")
     parser.add_argument("--python", default=default(None), help="target interpreter, used as is (build default: --env)")
+    parser.add_argument("--lock-timeout", type=float, metavar="SECONDS", default=default(None),
+                        help=f"commands that write the checkout hold {CHECKOUT_LOCK_RELATIVE_PATH} and wait for another"
+                        " holder (default: as long as it takes); give up after SECONDS, 0: refuse at once (exit 75)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,12 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(common, defaults=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, func, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
-        p.set_defaults(func=func)
+    def add(name: str, func, help_text: str, writes: bool = False) -> argparse.ArgumentParser:
+        """writes: the command changes third_party/ trees, .venv or the cache, so it holds the checkout's lock."""
+        description = f"{help_text}. {LOCK_NOTE}" if writes else help_text
+        p = sub.add_parser(name, help=help_text, description=description, parents=[common])
+        p.set_defaults(func=func, writes=writes)
         return p
 
-    p = add("build", cmd_build, "materialize, patch and install every upstream into the target environment")
+    p = add("build", cmd_build, "materialize, patch and install every upstream into the target environment", writes=True)
     p.add_argument("--env", type=Path, help="virtual environment to create/update (default: <root>/.venv)")
     p.add_argument("--profile", choices=["auto", "cpu", "gpu"], default="auto", help="cpu skips GPU-only builds, loudly (default: auto)")
     p.add_argument("--discard", action="store_true", help="set aside (under refs/patchlane/discarded/) edits and commits not in the series")
@@ -293,14 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("push", cmd_push, "apply the next patch, up to NAME, or --all"),
         ("pop", cmd_pop, "unapply the top patch, down to NAME, or --all"),
     ):
-        p = add(name, func, text)
+        p = add(name, func, text, writes=True)
         p.add_argument("name", nargs="?", help="patch file name or slug")
         p.add_argument("--all", action="store_true")
         p.add_argument("-u", "--upstream", required=True)
         if name == "pop":
             p.add_argument("--discard", action="store_true", help="set aside edits and commits not in the series first")
 
-    p = add("new", cmd_new, "record the tree's uncommitted edits as a new patch on top of the series")
+    p = add("new", cmd_new, "record the tree's uncommitted edits as a new patch on top of the series", writes=True)
     p.add_argument("name", help="slug, e.g. dsa-index-score-memory")
     p.add_argument("-u", "--upstream", required=True)
     p.add_argument("--subject", required=True)
@@ -311,16 +325,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream-status", default="not-filed")
     p.add_argument("--reproducer", default="none")
 
-    p = add("refresh", cmd_refresh, "fold uncommitted edits into the top applied patch and rewrite its file (header kept)")
+    p = add("refresh", cmd_refresh, "fold uncommitted edits into the top applied patch and rewrite its file (header kept)",
+            writes=True)
     p.add_argument("-u", "--upstream", required=True)
-    p = add("import", cmd_import, "apply a patch file on top, add it to the series in canonical form")
+    p = add("import", cmd_import, "apply a patch file on top, add it to the series in canonical form", writes=True)
     p.add_argument("file")
     p.add_argument("-u", "--upstream", required=True)
-    p = add("export", cmd_export, "write every patch file from the tree's commits (byte-identical after apply)")
+    p = add("export", cmd_export, "write every patch file from the tree's commits (byte-identical after apply)", writes=True)
     p.add_argument("-u", "--upstream")
     p = add("check", cmd_check, "CI gate: series apply cleanly to a fresh base, headers valid, numbering agrees, canonical form")
     p.add_argument("only", nargs="*")
-    p = add("rebase", cmd_rebase, "re-apply a series onto another upstream version and report per patch")
+    p = add("rebase", cmd_rebase, "re-apply a series onto another upstream version and report per patch", writes=True)
     p.add_argument("-u", "--upstream", required=True)
     p.add_argument("--to", required=True, help="a git ref in the tree, or a PyPI version of the upstream")
     p.add_argument("--report", help="markdown report path (default: third_party/.rebase/<name>-<ref>.md)")
@@ -329,8 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     csub = p.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
     c = csub.add_parser("fill", parents=[common], help="pinned artifacts + every wheel an offline build and nox need, for one target",
                         description="Gather the pinned artifacts and every wheel an --offline build, nox and its sessions need on"
-                        " a target interpreter and platform, through pip; idempotent; ends with the cache's size per kind.")
-    c.set_defaults(func=cmd_cache_fill)
+                        " a target interpreter and platform, through pip; idempotent; ends with the cache's size per kind. "
+                        + LOCK_NOTE)
+    c.set_defaults(func=cmd_cache_fill, writes=True)
     c.add_argument("dir", type=Path)
     c.add_argument("--python-version", help="the target interpreter, e.g. 3.12 (default: this interpreter and its platform)")
     c.add_argument("--platform", action="append",
@@ -376,7 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         lock = load_lock(args.root)
-        return args.func(args, lock)
+        if not getattr(args, "writes", False):
+            return args.func(args, lock)
+        with checkout_lock(args.root, args.lock_timeout):
+            return args.func(args, lock)
     except PatchlaneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

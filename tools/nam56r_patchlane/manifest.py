@@ -6,23 +6,30 @@ with which command, exit code and sentinels, and when. A train record (`kind = "
 instead which commit trained, with which command, and the run's figures (steps, first and final
 loss, tokens/s/GPU, TFLOP/s/GPU, peak memory, time to the first step), as the run's own summary
 states them. A GPU-test record (`kind = "gpu-tests"`) lists a GPU host's test outcomes and the
-sentinel lines its passing tests printed. Records are only ever appended.
+sentinel lines its passing tests printed. Records are only ever appended, one process at a time
+(under patches/.manifest.lock), and the file is replaced whole so that a reader never sees half of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import math
+import os
+import stat
 import subprocess
+import tempfile
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .checkout_lock import held_exclusively
 from .errors import PatchlaneError
 
 MANIFEST_RELATIVE_PATH = Path("patches/manifest.toml")
+MANIFEST_LOCK_RELATIVE_PATH = Path("patches/.manifest.lock")
 HEADER = (
     "# Validation manifest: append-only records written by tools/apply_patches.py (manifest add, packs).\n"
     "# The only source of truth for what was validated where and when. Do not edit records by hand.\n"
@@ -194,16 +201,45 @@ def render_record(record: Record | TrainRecord | GpuTestsRecord) -> str:
     return "\n".join(lines) + "\n"
 
 
-def append_record(root: Path, record: Record | TrainRecord | GpuTestsRecord) -> Path:
+def manifest_lock(root: Path) -> contextlib.AbstractContextManager[None]:
+    """Held for every read-modify-write of the manifest: two processes appending at once (a packs run beside a
+    training run's record) would otherwise each write what it read plus its own record, losing the other's."""
+    return held_exclusively(root / MANIFEST_LOCK_RELATIVE_PATH, "the validation manifest", notice_after=5.0)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Readers (`manifest list`, read_records) never take the lock: they see the old file or the new one, whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _append_rendered(root: Path, records: list[Record | TrainRecord | GpuTestsRecord]) -> Path:
+    """Append `records` in one write; the caller holds manifest_lock."""
     path = root / MANIFEST_RELATIVE_PATH
-    text = (path.read_text() if path.exists() else HEADER) + render_record(record)
+    text = (path.read_text() if path.exists() else HEADER) + "".join(render_record(r) for r in records)
     try:
         tomllib.loads(text)  # the file must stay valid TOML: checked before it is written
     except tomllib.TOMLDecodeError as exc:
-        raise PatchlaneError(f"{path}: appending {record.what} would make it invalid TOML ({exc}); nothing was written") from exc
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+        what = ", ".join(r.what for r in records)
+        raise PatchlaneError(f"{path}: appending {what} would make it invalid TOML ({exc}); nothing was written") from exc
+    _write_atomically(path, text)
     return path
+
+
+def append_record(root: Path, record: Record | TrainRecord | GpuTestsRecord) -> Path:
+    with manifest_lock(root):
+        return _append_rendered(root, [record])
 
 
 def record_from_table(raw: dict) -> Record | TrainRecord | GpuTestsRecord:
@@ -229,16 +265,18 @@ def merge_records(root: Path, other: Path) -> int:
         theirs = tomllib.loads(other.read_text()).get("record", [])
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise PatchlaneError(f"{other}: not a readable manifest: {exc}") from exc
-    # Compared as JSON text: a record holding nan (a diverged run's loss) never equals itself as a dict.
-    ours = {json.dumps(raw, sort_keys=True) for raw in read_records(root)}
-    added = 0
-    for raw in theirs:
-        if json.dumps(raw, sort_keys=True) in ours:
-            continue
-        append_record(root, record_from_table(raw))
-        ours.add(json.dumps(raw, sort_keys=True))
-        added += 1
-    return added
+    with manifest_lock(root):
+        # Compared as JSON text: a record holding nan (a diverged run's loss) never equals itself as a dict.
+        ours = {json.dumps(raw, sort_keys=True) for raw in read_records(root)}
+        new = []
+        for raw in theirs:
+            if json.dumps(raw, sort_keys=True) in ours:
+                continue
+            new.append(record_from_table(raw))
+            ours.add(json.dumps(raw, sort_keys=True))
+        if new:
+            _append_rendered(root, new)
+    return len(new)
 
 
 def read_records(root: Path) -> list[dict]:

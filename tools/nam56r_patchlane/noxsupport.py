@@ -19,6 +19,8 @@ from .artifacts import default_cache_dir
 from .cachemanifest import WHEELS_DIR
 from .environment import BUILD_RECORD
 
+LOCK_OPTION = "--lock-timeout"  # apply_patches.py's: how long a build waits for the checkout's lock
+
 
 @dataclass(frozen=True)
 class InstallSource:
@@ -54,11 +56,28 @@ def session_build_options(env_dir: Path, options: Sequence[str]) -> tuple[list[s
     """(options for the build a session starts with, a line saying where they come from).
 
     Sessions run the stack in `env_dir`: `--python` (install into another interpreter) is refused;
-    `--base-python EXE` builds `env_dir` over EXE's packages instead."""
+    `--base-python EXE` builds `env_dir` over EXE's packages instead. `--lock-timeout SECONDS` passes through
+    to the build, beside the recorded options."""
     if any(o == "--python" or o.startswith("--python=") for o in options):
         raise ValueError("nox sessions run the stack in .venv, so `--python EXE` is not a session build option:"
                          " pass `--base-python EXE` to build .venv over that interpreter's packages (its torch)")
-    if options:
+    lock, others = _split_lock_option(options)
+    if others:
         return list(options), ""
     recorded = recorded_build_options(env_dir)
-    return recorded, (f"build options of {env_dir}'s last (offline) build: {' '.join(recorded)}" if recorded else "")
+    return [*recorded, *lock], (f"build options of {env_dir}'s last (offline) build: {' '.join(recorded)}" if recorded else "")
+
+
+def _split_lock_option(options: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(`--lock-timeout SECONDS`, the other options): how long to wait for the checkout's lock says nothing about
+    how to build, so on its own it keeps the replay of the recorded options."""
+    lock, others, rest = [], [], list(options)
+    while rest:
+        option = rest.pop(0)
+        if option == LOCK_OPTION and rest:
+            lock += [option, rest.pop(0)]
+        elif option.startswith(f"{LOCK_OPTION}="):
+            lock.append(option)
+        else:
+            others.append(option)
+    return lock, others
