@@ -185,6 +185,10 @@ def add_nam56r_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("nam56r")
     group.add_argument("--nam56r-model-config", required=True, help="the ModelConfig JSON the launcher wrote")
     group.add_argument("--nam56r-backend", choices=("te", "local"), required=True)
+    group.add_argument(
+        "--nam56r-nonfinite-loss-at-step", type=int, metavar="N",
+        help="fault injection: make the loss of step N NaN, to test that the run stops naming the step and the last checkpoint",
+    )
     return parser
 
 

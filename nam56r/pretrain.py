@@ -10,6 +10,9 @@ before building anything.
 from __future__ import annotations
 
 import json
+import sys
+import traceback
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -17,6 +20,14 @@ import torch
 
 from nam56r.config import ModelConfig
 from nam56r.megatron_args import add_nam56r_args, architecture_mismatches, transformer_config_from_args
+from nam56r.run_faults import (
+    RUN_STOPPED_EXIT,
+    NonFiniteLoss,
+    RunStopped,
+    explain_save_failures,
+    nonfinite_loss_message,
+    planted_nonfinite,
+)
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
@@ -70,14 +81,37 @@ def batch_to(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
     return {k: batch[k].to(device, non_blocking=True) for k in BATCH_KEYS}
 
 
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Megatron's per-token-loss contract: (sum of masked losses, token count, report)."""
+@dataclass(frozen=True)
+class StepContext:
+    """Where a forward step runs: Megatron's step number (1-based), the checkpoint directory, and the
+    step with a planted non-finite loss (`--nam56r-nonfinite-loss-at-step`). Outside a Megatron run
+    (no global args) nothing is known."""
+
+    step: int | None = None
+    save_dir: str | None = None
+    plant_nonfinite_at: int | None = None
+
+    @classmethod
+    def current(cls) -> StepContext:
+        from megatron.training.global_vars import _GLOBAL_ARGS as args
+
+        if args is None:
+            return cls()
+        return cls(args.curr_iteration + 1 if hasattr(args, "curr_iteration") else None, args.save, args.nam56r_nonfinite_loss_at_step)
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, context: StepContext = StepContext()):
+    """Megatron's per-token-loss contract: (sum of masked losses, token count, report). A non-finite
+    loss stops the run (`nam56r.run_faults`)."""
     losses = output_tensor.view(-1).float()
     mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * mask)
+    if context.step is not None:
+        loss = loss * planted_nonfinite(context.step, context.plant_nonfinite_at)
     num_tokens = mask.sum().detach().to(torch.int)
     if not torch.isfinite(loss.detach()).all():
-        raise FloatingPointError(f"non-finite loss {loss.item()} on this rank")
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        raise NonFiniteLoss(nonfinite_loss_message(loss.item(), context.step, rank, context.save_dir))
     return loss, num_tokens, {"lm loss": torch.cat([loss.detach().view(1), num_tokens.view(1).float()])}
 
 
@@ -85,7 +119,7 @@ def forward_step(data_iterator, model):
     device = next(model.parameters()).device
     batch = batch_to(next(data_iterator), device)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"], loss_mask=batch["loss_mask"])
-    return output, partial(loss_func, batch["loss_mask"])
+    return output, partial(loss_func, batch["loss_mask"], context=StepContext.current())
 
 
 def gpt_dataset_config(args, tokenizer):
@@ -137,7 +171,13 @@ def main() -> None:
     if args.tokenizer_type == "NullTokenizer":
         raise SystemExit("the null tokenizer is refused: pass a real tokenizer (`--tokenizer DIR` to nam56r.train)")
     cfg = pretrain_cfg_container_from_args(args, None)
-    pretrain(cfg, datasets_provider, ModelType.encoder_or_decoder, forward_step, model_provider=model_provider)
+    try:
+        with explain_save_failures(args.save):
+            pretrain(cfg, datasets_provider, ModelType.encoder_or_decoder, forward_step, model_provider=model_provider)
+    except RunStopped as exc:
+        traceback.print_exc()  # the cause, for the record; the line below is what to read
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(RUN_STOPPED_EXIT)
 
 
 if __name__ == "__main__":

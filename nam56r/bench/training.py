@@ -42,14 +42,21 @@ def gemm_peak_tflops() -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, extra: tuple[str, ...] = (), env: dict | None = None) -> dict:
-    """Run the users' training command; returns exit code, wall seconds, seconds to the first logged step,
-    the run's summary.json (when it finished) and the log tail."""
-    command = [sys.executable, "-m", "nam56r.train", *RECIPES[recipe], "--steps", str(steps), "--run-dir", str(run_dir)]
+def train_command(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """`python -m nam56r.train` for a bench run: no checkpoint (a proxy checkpoint takes about 44 GiB), and a
+    one-step learning-rate warm-up, as a run of a few steps needs one shorter than the recipe's (the schedule
+    changes neither speed nor memory)."""
+    command = [sys.executable, "-m", "nam56r.train", *RECIPES[recipe], "--steps", str(steps), "--warmup", "1", "--no-save",
+               "--run-dir", str(run_dir)]
     if mbs is not None:
         command += ["--mbs", str(mbs), "--gbs", str(mbs)]
-    if extra:
-        command += ["--", *extra]
+    return command + (["--", *extra] if extra else [])
+
+
+def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, extra: tuple[str, ...] = (), env: dict | None = None) -> dict:
+    """Run the users' training command (`train_command`); returns exit code, wall seconds, seconds to the first
+    logged step, the run's summary.json (when it finished) and the log tail."""
+    command = train_command(recipe, run_dir, mbs=mbs, steps=steps, extra=extra)
     print(f"[train] {' '.join(command)}", flush=True)
     start = time.perf_counter()
     first_step_s = None

@@ -104,3 +104,18 @@ def test_top_kernels_sums_cuda_kernel_time_across_traces(tmp_path: Path) -> None
     top = top_kernels(tmp_path, count=2)
     assert [(k["kernel"], k["total_ms"], k["calls"]) for k in top] == [("gemm", 0.5, 2), ("softmax", 0.1, 1)]
     assert abs(top[0]["share"] - 500 / 650) < 1e-9
+
+
+@pytest.mark.parametrize("recipe", ["proxy", "nam56r"])
+def test_bench_training_runs_save_no_checkpoint(recipe: str, tmp_path: Path, megatron_built, capsys: pytest.CaptureFixture) -> None:
+    """Each bench run is the users' command, which nam56r.train's own parser and Megatron's accept
+    (dry run); it saves nothing (a proxy checkpoint takes about 44 GiB, several would fill a node's disk)."""
+    from nam56r.bench.training import train_command
+    from nam56r.train import main as train_main
+
+    command = train_command(recipe, tmp_path / "run", mbs=2, steps=3)
+    assert command[1:3] == ["-m", "nam56r.train"]
+    assert train_main([*command[3:], "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoints: none (--no-save)" in out
+    assert "--micro-batch-size 2 " in out and "--global-batch-size 2 " in out and "--save " not in out

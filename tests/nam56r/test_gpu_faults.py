@@ -2,7 +2,8 @@
 
 A SIGKILL while a checkpoint is being written leaves the last complete checkpoint as the one that
 loads: Megatron writes `latest_checkpointed_iteration.txt` after the checkpoint's files, and the run
-resumed from it repeats the killed run's steps."""
+resumed from it repeats the killed run's steps. A loss planted NaN at one step stops the run there,
+naming the step and the last complete checkpoint."""
 
 from __future__ import annotations
 
@@ -115,3 +116,24 @@ def test_a_kill_during_a_checkpoint_save_resumes_from_the_last_complete_checkpoi
     print(f"KILL_DURING_SAVE_OK gpu={torch.cuda.get_device_name()} killed_while_writing={writing.name}"
           f" partial_files={len(seen['partial_files'])} tracker={seen['tracker']} resumed_from={SAVE_EVERY}"
           f" compared_steps={overlap.start}-{overlap.stop - 1} max_abs_loss_diff={diff:.6f}")
+
+
+def test_a_nonfinite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint(megatron_built, tiny_data, tmp_path) -> None:
+    from nam56r.run_faults import RUN_STOPPED_EXIT
+
+    nan_step = SAVE_EVERY + 3
+    run_dir = tmp_path / "nan"
+    command = _train_command(run_dir, tiny_data, "--save-interval", str(SAVE_EVERY), "--", "--nam56r-nonfinite-loss-at-step", str(nan_step))
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    rank_logs = "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").rglob("*")) if p.is_file())
+    log = done.stdout + done.stderr + rank_logs
+    (tmp_path / "nan.log").write_text(log)
+    assert done.returncode != 0, "the run went on past a NaN loss"
+    checkpoints = run_dir / "checkpoints"
+    expected = f"error: the loss is nan at step {nan_step} (rank 0)"
+    assert expected in log, f"no `{expected}` line:\n" + "\n".join(log.splitlines()[-60:])
+    assert f"Last complete checkpoint: iteration {SAVE_EVERY} in {checkpoints}" in log
+    assert f"exitcode  : {RUN_STOPPED_EXIT}" in log or done.returncode == RUN_STOPPED_EXIT, log[-3000:]
+    assert (checkpoints / TRACKER).read_text().strip() == str(SAVE_EVERY)
+    line = next(x for x in log.splitlines() if expected in x)
+    print(f"NONFINITE_LOSS_STOP_OK gpu={torch.cuda.get_device_name()} exit={done.returncode} message={line.strip()[:240]!r}")
