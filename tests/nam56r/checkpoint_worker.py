@@ -22,10 +22,12 @@ the open, at the first `write` call on it (both print `KILL_POINT path` to stder
 as `nam56r.pretrain` wraps Megatron's `pretrain`.
 
 Output lines (stdout), one JSON object after the tag:
-  SAVED {"iteration": N, "checksum": C}       after each completed save
-  LOADED {"dir": D, "iteration": N, "checksum": C}
+  SAVED {"iteration": N, "checksum": C, "moments": M}       after each completed save
+  LOADED {"dir": D, "iteration": N, "checksum": C, "moments": M}
   LOAD_FAILED {"dir": D, "error": "..."}       load_checkpoint raised or exited
-The checksum sums every model parameter and every fp32 main parameter in float64.
+The checksum sums every model parameter and every fp32 main parameter in float64; moments sums
+Adam's exp_avg and exp_avg_sq over every parameter. `--megatron-flag FLAG` (before the command,
+repeatable) adds a Megatron flag to the recipe's, e.g. `--megatron-flag=--use-distributed-optimizer`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from pathlib import Path
 
@@ -143,7 +146,7 @@ def log_opens_for_writing(save_dir: Path, log: Path) -> None:
 class TinyRun:
     """The tiny-1gpu run's model chunk, optimizer and scheduler with Megatron's global args set."""
 
-    def __init__(self, save: Path, load: Path | None) -> None:
+    def __init__(self, save: Path, load: Path | None, extra_flags: tuple[str, ...] = ()) -> None:
         from megatron.core import tensor_parallel
         from megatron.core.distributed import DistributedDataParallel
         from megatron.core.optimizer import get_megatron_optimizer
@@ -163,7 +166,7 @@ class TinyRun:
         recipe = get_recipe("tiny-1gpu")
         data = DataPaths(Path("/data/train_text_document"), None, Path("/data/tokenizer"))
         run_paths = RunPaths(save.parent / "run", save, load)
-        argv = lower(recipe, recipe.model_config(), data, run_paths, "local")
+        argv = [*lower(recipe, recipe.model_config(), data, run_paths, "local"), *extra_flags]
         with contextlib.redirect_stdout(io.StringIO()):
             self.args = megatron_validate(argv, recipe.world_size)
         self.args.tensorboard_dir = None  # no event files next to the checkpoints
@@ -215,13 +218,18 @@ class TinyRun:
         total = sum(p.detach().double().sum().item() for p in self.chunk.parameters())
         return total + sum(getattr(p, "main_param", p).detach().double().sum().item() for p in self.chunk.parameters())
 
+    def moments(self) -> float:
+        """The sum of Adam's two moments over every parameter the inner optimizers hold."""
+        inner = [chained.optimizer for chained in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+        return sum(state[k].double().sum().item() for opt in inner for state in opt.state.values() for k in ("exp_avg", "exp_avg_sq"))
+
 
 def emit(tag: str, **fields: object) -> None:
     print(f"{tag} {json.dumps(fields)}", flush=True)
 
 
 def cmd_save(opts: argparse.Namespace) -> int:
-    run = TinyRun(opts.save, None)
+    run = TinyRun(opts.save, None, tuple(opts.megatron_flags))
     if opts.log_opens:
         log_opens_for_writing(opts.save, opts.log_opens)
     explain = contextlib.nullcontext()
@@ -238,19 +246,19 @@ def cmd_save(opts: argparse.Namespace) -> int:
                 if opts.kill_at_write:
                     arm_kill_at_write(opts.save, opts.kill_at_write)
             run.save(iteration)
-            emit("SAVED", iteration=iteration, checksum=run.checksum())
+            emit("SAVED", iteration=iteration, checksum=run.checksum(), moments=run.moments())
     return 0
 
 
 def cmd_load(opts: argparse.Namespace) -> int:
-    run = TinyRun(opts.dirs[0], opts.dirs[0])
+    run = TinyRun(opts.dirs[0], opts.dirs[0], tuple(opts.megatron_flags))
     for directory in opts.dirs:
         try:
             iteration = run.load(directory)
         except BaseException as exc:  # load_checkpoint ends with sys.exit() on an unreadable tracker
-            emit("LOAD_FAILED", dir=str(directory), error=f"{type(exc).__name__}: {exc}")
+            emit("LOAD_FAILED", dir=str(directory), error=f"{type(exc).__name__}: {exc}", where=traceback.format_exc(limit=-4))
             continue
-        emit("LOADED", dir=str(directory), iteration=iteration, checksum=run.checksum())
+        emit("LOADED", dir=str(directory), iteration=iteration, checksum=run.checksum(), moments=run.moments())
     return 0
 
 
@@ -259,6 +267,8 @@ def main() -> int:
     cpu_stands_in_for_cuda()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--megatron-flag", dest="megatron_flags", action="append", default=[], metavar="FLAG",
+                        help="one more Megatron flag after the recipe's (e.g. --use-distributed-optimizer); repeatable")
     save = sub.add_parser("save")
     save.add_argument("--save", type=Path, required=True)
     save.add_argument("--iterations", type=int, nargs="+", required=True)

@@ -6,7 +6,10 @@ drives the real `save_checkpoint` / `load_checkpoint` on the tiny recipe's model
   previous checkpoint as the one that loads (Megatron patch 0012 makes the tracker's write atomic);
 - a full disk during a save stops the run with a message naming the cause and the last complete
   checkpoint, which still loads;
-- a NaN loss stops the run naming the step and the last complete checkpoint.
+- a NaN loss stops the run naming the step and the last complete checkpoint;
+- the distributed optimizer's checkpoint round trip holds on the local backend with the parameters
+  NAM56R keeps in fp32 (Megatron patches 0013-0015: the index of each parameter's optimizer state,
+  the state dict of a fresh optimizer without Apex/TE, the dp_reshardable load into fp32 parameters).
 
 The GPU twin (`test_gpu_faults.py`) kills a whole `nam56r.train` run during a save and resumes it.
 """
@@ -180,3 +183,21 @@ def test_a_nonfinite_loss_names_the_step_and_the_last_checkpoint(megatron_built,
     assert isinstance(losses[8], NonFiniteLoss), losses
     assert message.startswith("the loss is nan at step 8 (rank 0); the run stops rather than skip the batch"), message
     assert f"Last complete checkpoint: iteration 5 in {save} (resume with `--load {save}`)" in message
+
+
+DISTRIBUTED = "--megatron-flag=--use-distributed-optimizer"
+
+
+def test_a_distributed_optimizer_checkpoint_saves_and_loads_every_parameter_and_moment(megatron_built, tmp_path) -> None:
+    save = tmp_path / "checkpoints"
+    saved = _worker(DISTRIBUTED, "save", "--save", str(save), "--iterations", "1", "2")
+    assert saved.returncode == 0, _tail(saved)
+    records = _records(saved.stdout, "SAVED")
+    assert [r["iteration"] for r in records] == [1, 2]
+    loaded = _worker(DISTRIBUTED, "load", str(save))
+    assert loaded.returncode == 0 and not _records(loaded.stdout, "LOAD_FAILED"), _tail(loaded)
+    (back,) = _records(loaded.stdout, "LOADED")
+    assert back["iteration"] == 2
+    assert back["checksum"] == records[-1]["checksum"], "parameters or fp32 main parameters differ after the load"
+    assert back["moments"] == pytest.approx(records[-1]["moments"], rel=1e-12), "Adam's moments differ after the load"
+    assert records[-1]["moments"] != 0, "the optimizer took no step"
