@@ -100,5 +100,13 @@ def test_tiny_training_run_loss_falls(megatron_built) -> None:
         optimizer.step()
         losses.append(loss.item())
     first, last = sum(losses[:20]) / 20, sum(losses[-20:]) / 20
-    print(f"TINY_LOSS_FALLS first20={first:.3f} last20={last:.3f}")
-    assert all(v == v for v in losses) and last < 0.7 * first
+    # A model that learned only byte frequencies stops at the stream's unigram entropy; below it the
+    # prediction uses context, which flows through every mixer (Mamba-3, MLA/DSA) and the MoE.
+    counts = torch.bincount(stream, minlength=256).double()
+    freq = counts[counts > 0] / counts.sum()
+    unigram = -(freq * freq.log()).sum().item()
+    print(f"TINY_LOSS_FALLS first20={first:.3f} last20={last:.3f} unigram_entropy={unigram:.3f}")
+    assert all(v == v for v in losses), "a loss was NaN"
+    assert last < first and last < unigram, (
+        f"the last 20 steps' mean loss {last:.3f} is not below the first 20's ({first:.3f}) and the unigram entropy ({unigram:.3f})"
+    )
