@@ -27,6 +27,7 @@ Exit codes: 0 every part that ran passed; 1 a part failed; 2 no CUDA GPU on this
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -154,12 +155,14 @@ def append_tests_record(opts: Options, command: list[str], exit_code: int, tests
     return record
 
 
-def packs_part(opts: Options) -> dict:
-    report, log = opts.out_dir / "packs.json", opts.out_dir / "packs.log"
+def packs_part(opts: Options, alone: str = "with-others") -> dict:
+    """The GPU packs; `alone` is tools/packs.py run's --alone (`skip` while other parts share the GPU)."""
+    name = "packs" if alone != "only" else "packs-alone"
+    report, log = opts.out_dir / f"{name}.json", opts.out_dir / f"{name}.log"
     command = [opts.python, str(ROOT / "tools" / "packs.py"), "--root", str(opts.root), "--python", opts.python,
-               "run", "--all", "--needs", opts.packs_needs, "--jobs", str(opts.pack_jobs), "--json", str(report),
+               "run", "--all", "--needs", opts.packs_needs, "--jobs", str(opts.pack_jobs), "--alone", alone, "--json", str(report),
                *([] if opts.record else ["--no-record"])]
-    run = run_logged(command, log, "packs", opts.root, echo=opts.echo)
+    run = run_logged(command, log, name, opts.root, echo=opts.echo)
     part = {"command": command, "exit_code": run.exit_code, "log": str(log), "report": str(report)}
     if not report.is_file():
         return {**part, "status": "failed", "packs": [], "records": [],
@@ -204,7 +207,22 @@ def train_summary(opts: Options, result: ResumeResult, data: Path) -> dict:
             "records": records, "problems": problems}
 
 
-PART_RUNNERS: dict[str, Callable[[Options], dict]] = {"tests": pytest_part, "packs": packs_part, "train": train_part}
+def merge_packs_parts(together: dict, alone: dict) -> dict:
+    """The packs part of a concurrent check: the packs run beside the other parts, then the `alone` packs."""
+    if alone["status"] == "failed" and "packs" not in alone:  # the runner crashed
+        return {**together, "status": "failed", "problems": together.get("problems", []) + alone["problems"]}
+    packs = together.get("packs", []) + alone["packs"]
+    problems = together.get("problems", []) + alone["problems"]
+    return {**together, "status": "failed" if problems or "failed" in (together["status"], alone["status"]) else "passed",
+            "seconds": together["seconds"] + alone["seconds"], "alone": {k: alone[k] for k in ("command", "exit_code", "log", "report")},
+            "counts": dict(Counter(p["verdict"] for p in packs)), "packs": packs,
+            "records": together.get("records", []) + alone["records"], "problems": problems}
+
+
+PART_RUNNERS: dict[str, Callable[[Options], dict]] = {
+    "tests": pytest_part, "packs": lambda opts: packs_part(opts, "skip" if opts.concurrent else "with-others"), "train": train_part,
+    "packs-alone": lambda opts: packs_part(opts, "only"),
+}
 
 
 def _now() -> str:
@@ -263,10 +281,16 @@ def run_check(opts: Options, command: str = "python -m nam56r.gpu_check") -> dic
             write_summary(summary, path)
 
     to_run = [name for name in PARTS if name not in opts.skip]
-    if opts.concurrent and len(to_run) > 1:
+    opts = dataclasses.replace(opts, concurrent=opts.concurrent and len(to_run) > 1)  # what the packs part reads
+    summary["concurrent"] = opts.concurrent
+    if opts.concurrent:
         with ThreadPoolExecutor(max_workers=len(to_run)) as pool:
             for future in [pool.submit(run_and_write, name) for name in to_run]:
                 future.result()
+        if "packs" in to_run:  # the packs that time host against GPU work, now that nothing else runs
+            with written:
+                summary["parts"]["packs"] = merge_packs_parts(summary["parts"]["packs"], _run_part("packs-alone", opts))
+                write_summary(summary, path)
     else:
         for name in to_run:
             run_and_write(name)

@@ -255,7 +255,15 @@ def test_parts_run_at_the_same_time_unless_sequential(tmp_path: Path, monkeypatc
             return {"status": "passed", "who": name}
         return part
 
-    monkeypatch.setattr(gpu_check, "PART_RUNNERS", {"tests": meets("tests"), "packs": meets("packs"), "train": meets("train")})
+    alone_runs: list[int] = []
+
+    def packs_alone(opts: Options) -> dict:
+        alone_runs.append(meeting.n_waiting)  # nothing else is running by now
+        return {"status": "passed", "packs": [{"pack": "12-timed", "verdict": "passed"}], "records": [], "problems": [],
+                "command": ["packs", "run", "--alone", "only"], "exit_code": 0, "log": "packs-alone.log", "report": "packs-alone.json"}
+
+    monkeypatch.setattr(gpu_check, "PART_RUNNERS", {"tests": meets("tests"), "packs": meets("packs"), "train": meets("train"),
+                                                    "packs-alone": packs_alone})
     opts = Options(out_dir=tmp_path / "out", skip=frozenset({"train"}), echo=False, concurrent=concurrent)
 
     summary = run_check(opts)
@@ -264,6 +272,10 @@ def test_parts_run_at_the_same_time_unless_sequential(tmp_path: Path, monkeypatc
     assert list(on_disk["parts"]) == ["tests", "packs", "train"] and on_disk["concurrent"] is concurrent
     if concurrent:
         assert summary["status"] == "passed" and [on_disk["parts"][n]["who"] for n in ("tests", "packs")] == ["tests", "packs"]
+        # the `alone` packs ran once, after the parts, and their verdicts joined the packs part
+        assert alone_runs == [0] and on_disk["parts"]["packs"]["packs"] == [{"pack": "12-timed", "verdict": "passed"}]
+        assert on_disk["parts"]["packs"]["alone"]["command"][-1] == "only"
     else:
+        assert alone_runs == [], "a sequential check runs the alone packs inside its packs part"
         assert summary["status"] == "failed" and "BrokenBarrierError" in summary["parts"]["tests"]["problems"][0]
     assert on_disk["parts"]["train"] == {"status": "skipped", "reason": "--skip-train"}

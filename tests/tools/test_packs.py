@@ -206,6 +206,24 @@ def test_run_all_with_jobs_runs_packs_side_by_side_and_records_every_side(packed
     assert packs(packed, "run", "--all", "--jobs", "0").code != 0
 
 
+def test_an_alone_pack_runs_after_the_others_one_at_a_time_or_by_itself(packed: Lane) -> None:
+    """A pack whose verdict times host against GPU work (`alone = true`) never shares the machine with another pack."""
+    _add_liar(packed)
+    toml = packed.root / "patches" / "packs" / PACK / "pack.toml"  # sorts first, so without `alone` it would start first
+    toml.write_text(toml.read_text().replace('patched = ["FIX_VALIDATED"]', 'patched = ["FIX_VALIDATED"]\nalone = true', 1))
+
+    together = packs(packed, "run", "--all", "--jobs", "2", "--no-record")
+    assert together.out.index("[03-liar] 03-liar: FAILED") < together.out.index(f"[{PACK}] [base] $"), together.text
+    assert re.search(r"^  03-liar +FAILED\n  " + re.escape(PACK) + " +passed$", together.out, re.M), together.text
+
+    only = packs(packed, "run", "--all", "--jobs", "2", "--alone", "only", "--no-record")
+    assert only.code == 0 and f"{PACK}: passed" in only.out and "03-liar" not in only.out, only.text
+    skipped = packs(packed, "run", "--all", "--alone", "skip", "--no-record")
+    assert skipped.code == 1 and "03-liar: FAILED" in skipped.out and f"{PACK}: passed" not in skipped.out, skipped.text
+    toml.write_text(toml.read_text().replace("alone = true", 'alone = "yes"'))
+    assert "reproducer.alone must be true or false, not 'yes'" in packs(packed, "run", PACK).err
+
+
 def test_preflight_passes_on_a_clean_approved_pack(packed: Lane) -> None:
     assert packs(packed, "run", PACK).code == 0
     approved = packs(packed, "approve", PACK, "--by", "Jane Maintainer")

@@ -43,6 +43,7 @@ class Reproducer:
     patched: tuple[str, ...]
     base_exit: int = 0  # the exit code the reproducer documents for the base side (the patched side's is always 0)
     parked: str = ""  # why it cannot run on the pinned upstream; a parked pack is reported, never run or recorded
+    alone: bool = False  # its verdict times host against GPU work: it runs with no other pack or job on the machine
 
     def expected(self, side: str) -> tuple[tuple[str, ...], int]:
         """The sentinels a side must print and the exit code it must end with."""
@@ -105,6 +106,12 @@ def _strings(value, where: str, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _flag(value: object, where: str, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise PatchlaneError(f"{where}: {field} must be true or false, not {value!r}")
+    return value
+
+
 def _exit_code(value, where: str, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise PatchlaneError(f"{where}: {key} must be an integer exit code, got {value!r}")
@@ -130,7 +137,7 @@ def load_pack(folder: Path) -> Pack:
                                   args=_strings(repro.get("args", []), where, "reproducer.args"), base=repro["base"],
                                   patched=_strings(repro["patched"], where, "reproducer.patched"),
                                   base_exit=_exit_code(repro.get("base_exit", 0), where, "reproducer.base_exit"),
-                                  parked=str(repro.get("parked", ""))),
+                                  parked=str(repro.get("parked", "")), alone=_flag(repro.get("alone", False), where, "reproducer.alone")),
             proves=_strings(scope.get("proves", []), where, "scope.proves"),
             does_not_prove=_strings(scope.get("does_not_prove", []), where, "scope.does_not_prove"),
             filing=Filing(**{k: str(filing.get(k, "")) for k in Filing.__dataclass_fields__}),

@@ -85,16 +85,23 @@ def run_exit_code(outcomes: list[PackOutcome]) -> int:
 
 
 def cmd_run(args, lock: Lock) -> int:
-    ids = [p.id for p in load_packs(args.root) if not args.needs or p.reproducer.needs == args.needs] if args.all else args.ids
-    if not ids:
+    packs = load_packs(args.root)
+    ids = [p.id for p in packs if not args.needs or p.reproducer.needs == args.needs] if args.all else args.ids
+    if args.all and args.alone != "with-others":
+        alone = {p.id for p in packs if p.reproducer.alone}
+        ids = [i for i in ids if (i in alone) == (args.alone == "only")]
+    if not ids and not args.all:
         raise PatchlaneError("name a pack (or --all)", "`python tools/packs.py list` shows them")
     if args.jobs < 1:
         raise PatchlaneError(f"--jobs {args.jobs}: give 1 or more")
     if args.jobs == 1 or len(ids) == 1:
         outcomes = [_run_one(pack_id, args, lock) for pack_id in ids]
-    else:  # each pack in its own scratch trees; output lines carry the pack's id
+    else:  # each pack in its own scratch trees; output lines carry the pack's id; `alone` packs after, one by one
+        alone = {p.id for p in packs if p.reproducer.alone}
+        together = [i for i in ids if i not in alone]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            outcomes = list(pool.map(lambda pack_id: _run_one(pack_id, args, lock, _prefixed(pack_id)), ids))
+            outcomes = list(pool.map(lambda pack_id: _run_one(pack_id, args, lock, _prefixed(pack_id)), together))
+        outcomes += [_run_one(pack_id, args, lock, _prefixed(pack_id)) for pack_id in ids if pack_id in alone]
     code = run_exit_code(outcomes)
     if len(outcomes) > 1:
         print(f"packs run: {len(outcomes)} pack(s): " + ", ".join(
@@ -184,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1,
                    help="packs run at the same time (default 1); their reproducers then share the host and the GPU,"
                         " so a pack that times host against GPU work is best run alone")
+    p.add_argument("--alone", choices=["with-others", "skip", "only"], default="with-others",
+                   help="with --all: packs marked `alone = true` (their verdict times host against GPU work) run after the"
+                        " others, one at a time (with-others, the default), are left out (skip), or run by themselves (only)")
     p.add_argument("--keep", type=Path, help="keep the side trees under this folder (default: a temporary one, removed)")
     p.add_argument("--json", type=Path, help="also write every pack's verdict, sides and appended manifest records to this JSON file")
     p = add("preflight", cmd_preflight, "the pre-filing checklist; exit 1 names every failing item")
