@@ -7,8 +7,10 @@
     python -m nam56r.train --recipe h200x8-bf16 --nodes 4 --slurm-script job.sbatch    # several nodes
 
 Before launching it checks the recipe (`nam56r.recipe`), has Megatron's own parser validate every
-flag and derive the model config (which must match ours), and runs the preflight (patches applied
-and unmodified, fused kernels importable, a Hopper GPU). Without `--data` it trains on the default
+flag and derive the model config (which must match ours), checks the data (each .bin/.idx opens and
+is whole, holds tokens, and no token id or tokenizer exceeds the model's vocabulary; a dry run too,
+exiting 2 on bad data), and runs the preflight (patches applied and unmodified, fused kernels
+importable, a Hopper GPU). Without `--data` it trains on the default
 C/C++ corpus (`python -m nam56r.data build`), built on first use. Runs write to `--run-dir`
 (default `runs/<recipe>-<time>`): the command, the model config, per-rank logs, TensorBoard
 events, and at the end `metrics.jsonl`, `summary.json` and `loss_throughput.png`. Checkpoints are
@@ -57,6 +59,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--recipe", default="proxy-1gpu", choices=sorted(RECIPES), help="named run shape (default proxy-1gpu)")
     parser.add_argument("--list", action="store_true", help="list the recipes and exit")
     parser.add_argument("--dry-run", action="store_true", help="print the checks, the preflight and the exact command; start nothing")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every upstream warning: Megatron's TransformerEngine/Apex fallback notices (filtered by default) too")
     shape = parser.add_argument_group("overrides of the recipe")
     shape.add_argument("--model", choices=sorted(PRESETS), help="model preset (e.g. nam56r on a recipe whose default is the proxy)")
     shape.add_argument("--mbs", type=int, dest="micro_batch", help="micro-batch size per GPU")
@@ -136,6 +140,11 @@ def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
     if args.data.is_dir():
         return DataChoice(_built_data(args.data, vocab_size), True, f"{args.data}/data.json")
     prefix = args.data
+    if not prefix.exists() and not prefix.with_name(prefix.name + ".bin").exists():
+        raise TrainError(
+            f"--data {prefix} does not exist: give a data directory with data.json (`python -m nam56r.data build --out DIR`) "
+            f"or a dataset prefix (PREFIX.bin and PREFIX.idx, with --tokenizer)"
+        )
     for suffix in (".bin", ".idx"):
         if not prefix.with_name(prefix.name + suffix).is_file():
             raise TrainError(
@@ -144,6 +153,20 @@ def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
     if args.tokenizer is None or not args.tokenizer.is_dir():
         raise TrainError(f"--data {prefix} is a bare prefix: pass --tokenizer DIR (a HuggingFace tokenizer directory)")
     return DataChoice(DataPaths(prefix, args.valid_data, args.tokenizer), True, f"prefix {prefix}")
+
+
+def check_data_or_refuse(args: argparse.Namespace, data: DataChoice, vocab_size: int) -> None:
+    """Refuse, before any GPU work, data the model cannot train on (`nam56r.data_checks`); dry runs too."""
+    from nam56r.data_checks import DataCheckError, check_data, tokenizer_vocab_size
+
+    try:
+        bare_prefix = args.data is not None and not args.data.is_dir()
+        tokenizer_vocab = tokenizer_vocab_size(data.paths.tokenizer_dir) if bare_prefix else None
+        summaries = check_data(data.paths, vocab_size, tokenizer_vocab=tokenizer_vocab)
+    except DataCheckError as exc:
+        raise TrainError(f"bad data: {exc}") from None
+    print("data checked: " + "; ".join(f"{s.prefix.name} {s.documents:,} documents, {s.tokens:,} tokens, max id {s.max_id}"
+                                        for s in summaries))
 
 
 def _built_data(directory: Path, vocab_size: int) -> DataPaths:
@@ -206,6 +229,11 @@ def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
+    if args.verbose:  # for this process now, and for the ranks torchrun starts (they inherit the environment)
+        import nam56r
+
+        os.environ[nam56r.VERBOSE_ENV] = "1"
+        nam56r.show_known_warnings()
     if args.list:
         for name, make in RECIPES.items():
             r = make()
@@ -228,6 +256,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise TrainError(f"refused for real runs: {', '.join(refused)}")
     backend, backend_problem = resolve_backend_for(recipe, args.dry_run)
     data = choose_data(args, model.vocab_size)
+    if data.ready:
+        check_data_or_refuse(args, data, model.vocab_size)
     run_paths = choose_run_paths(args, recipe)
     megatron_argv = lower(recipe, model, data.paths, run_paths, backend) + extra
     env = runtime_env(os.environ)

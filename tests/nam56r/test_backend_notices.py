@@ -4,6 +4,7 @@ fallback warnings; any other warning still shows."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -32,3 +33,21 @@ def test_megatron_fallback_warnings_are_replaced_by_one_backend_line(megatron_bu
     assert "Apex is not installed" not in proc.stderr
     assert proc.stderr.count("NAM56R layer backend: local") == 1
     assert "a warning of our own" in proc.stderr
+
+
+def test_verbose_shows_the_known_warnings_and_reaches_the_ranks(megatron_built) -> None:
+    """With NAM56R_VERBOSE set (as `nam56r.train --verbose` sets it for itself and for torchrun's ranks)
+    Megatron's fallback warnings show again; `show_known_warnings` undoes the filters in a running process."""
+    from nam56r import VERBOSE_ENV
+
+    shown = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, env={**os.environ, VERBOSE_ENV: "1"})
+    assert shown.returncode == 0, shown.stderr
+    assert "Apex is not installed. Falling back to Torch Norm" in shown.stderr and "a warning of our own" in shown.stderr
+
+    undo = ("import warnings; warnings.simplefilter('default'); import nam56r; nam56r.show_known_warnings();"
+            " warnings.warn('Apex is not installed. Falling back to Torch Norm', UserWarning)")
+    assert "Falling back to Torch Norm" in subprocess.run([sys.executable, "-c", undo], capture_output=True, text=True).stderr
+
+    launcher = "import os; from nam56r.train import main; main(['--verbose', '--list']); print('ENV', os.environ.get('NAM56R_VERBOSE'))"
+    out = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=300)
+    assert "ENV 1" in out.stdout, out.stderr

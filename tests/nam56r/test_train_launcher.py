@@ -140,7 +140,7 @@ def test_bare_prefix_needs_a_tokenizer(tiny_data, tmp_path):
     code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data / "train_text_document")])
     assert code == 2 and "pass --tokenizer DIR" in err
     code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tmp_path / "nothing")])
-    assert code == 2 and "not found" in err
+    assert code == 2 and f"--data {tmp_path / 'nothing'} does not exist: give a data directory with data.json" in err
 
 
 def test_conflicting_allocator_setting_is_refused_not_replaced():
