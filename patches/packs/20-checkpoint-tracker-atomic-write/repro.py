@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
 """Reproducer: Megatron-LM's `save_checkpoint` writes `latest_checkpointed_iteration.txt` in place
 (`open(tracker, 'w')` truncates it first), so a job killed between that open and the write leaves an
-empty tracker, and every later load stops at "Invalid metadata file" although the previous checkpoint
-is complete on disk.
+empty tracker, and every later `load_checkpoint` stops at "Invalid metadata file" although the
+previous checkpoint is complete on disk.
 
     python repro.py --tree third_party/megatron-lm
 
-A child process sets Megatron's global args with its own parser (a 2-layer bf16 GPTModel, torch_dist,
-no RNG state), builds the model in Float16Module and DDP with the optimizer from
-`get_megatron_optimizer`, and saves iteration 1 with the real `save_checkpoint`. Before saving
-iteration 2 it installs a profiler that SIGKILLs the process at the first `write` call on a file
-whose name starts with the tracker's path: the moment after the tracker (or a temporary file beside
-it) is opened and before anything is written. The parent then reads the tracker with Megatron's own
-`read_metadata`, as `load_checkpoint` does, and checks that iteration 1's checkpoint is on disk.
-Megatron's checkpoint writer starts multiprocessing helpers, so the child runs in a session of its
-own and the whole group is killed afterwards.
+Two child processes, each with Megatron's global args set by its own parser (a 2-layer bf16 GPTModel,
+torch_dist, no RNG state) and the model built in Float16Module and DDP with the optimizer from
+`get_megatron_optimizer`, on a one-rank gloo group:
+
+- `save` takes an optimizer step and saves iteration 1 with the real `save_checkpoint`, then takes
+  another step and saves iteration 2. Before that second save it installs a profiler that SIGKILLs
+  the process at the first `write` call on a file whose name starts with the tracker's path: the
+  moment after the tracker (or a temporary file beside it) is opened and before anything is written.
+- `load` builds a fresh model and optimizer from another seed and calls the real `load_checkpoint`,
+  as a resumed job does.
+
+The parent compares the loaded parameters (every model parameter and its fp32 main copy) with those
+iteration 1 saved. Megatron's checkpoint writer starts multiprocessing helpers, so each child runs in
+a session of its own and the whole group is killed afterwards.
 
 The optimizer and checkpoint code assume CUDA in a few places, answered for CPU here and nowhere
 else: the optimizer sorts parameters by `param.type()` and makes scalars with device='cuda' (a
@@ -24,22 +29,24 @@ checkpoint writer calls `torch.cuda.synchronize()` (a no-op here); `save_checkpo
 CUDA RNG state even with --no-save-rng (the CPU generator's state here).
 
 Prints, after the host stamp line:
-  BUG_REPRODUCED  after the kill the tracker is empty and read_metadata exits ("Invalid metadata file")
-  FIX_VALIDATED   after the kill the tracker still names iteration 1, read_metadata returns it, and
-                  iteration 1's checkpoint is on disk
+  BUG_REPRODUCED  after the kill the tracker is empty and load_checkpoint exits ("Invalid metadata file")
+  FIX_VALIDATED   after the kill the tracker still names iteration 1, and load_checkpoint loads it:
+                  every parameter equals what iteration 1 saved
 Exit codes: 0 the sentinel matches the tree (the fix's commit subject in `git log upstream..HEAD` or
-not), 1 otherwise.
+not), 1 otherwise (or when the kill or the load did not happen as described).
 
 What it does not show: a GPU run; more than one rank (the tracker is written by rank 0 after the
-barrier that ends a save); object stores behind the multi-storage client (msc:// paths), where the
-fix writes as before; a power loss (the fix fsyncs the file and its directory, which a kill does not
-exercise); a full `load_checkpoint` of the model and optimizer.
+barrier that ends a save); `--async-save`, whose finalize step writes the tracker through the same
+code; object stores behind the multi-storage client (msc:// paths), where the fix writes as before;
+a full disk (no write is attempted after the kill); a power loss (the fix fsyncs the file and its
+directory, which a kill does not exercise).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -55,7 +62,7 @@ from pathlib import Path
 UPSTREAM = "megatron-lm"
 FIX_SUBJECT = "save_checkpoint: write latest_checkpointed_iteration.txt through a temporary file and os.replace"
 TRACKER = "latest_checkpointed_iteration.txt"
-KEPT_FP32 = ()  # no parameter kept in fp32: this reproducer is about the tracker only
+CHILD_TIMEOUT_S = 300
 
 
 def git(tree: Path, *args: str) -> str:
@@ -87,8 +94,17 @@ def tree_has_fix(tree: Path) -> bool:
     return any(s.startswith(FIX_SUBJECT) for s in git(tree, "log", "--format=%s", "upstream..HEAD").splitlines())
 
 
+# ----------------------------------------------------------------------------------------------------
+# The child processes
+# ----------------------------------------------------------------------------------------------------
+
+
+def emit(tag: str, **fields: object) -> None:
+    print(f"{tag} {json.dumps(fields)}", file=sys.__stdout__, flush=True)  # Megatron's prints go to a StringIO
+
+
 def cpu_for_cuda():
-    """The three CPU answers described in the module docstring; returns the TorchFunctionMode class."""
+    """The CPU answers described in the module docstring; returns the TorchFunctionMode class."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -106,6 +122,8 @@ def cpu_for_cuda():
 
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda device=None: None
+    if not torch.cuda.is_available():
+        torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
     return CudaNamesOnCpu
 
 
@@ -117,6 +135,22 @@ def init_single_process_group() -> None:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
+
+
+def set_megatron_args(directory: Path) -> None:
+    """Megatron's global args from its own parser, for the model `build` makes, saving to and loading from `directory`."""
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.global_vars import set_global_variables
+
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "96",
+            "--seq-length", "16", "--max-position-embeddings", "16", "--micro-batch-size", "1", "--global-batch-size", "1",
+            "--train-iters", "10", "--lr", "1e-3", "--bf16", "--save", str(directory), "--load", str(directory),
+            "--ckpt-format", "torch_dist", "--save-interval", "1", "--no-save-rng", "--no-load-rng",
+            "--vocab-size", "128", "--tokenizer-type", "NullTokenizer"]
+    sys.argv = ["repro", *argv]
+    with contextlib.redirect_stdout(io.StringIO()):
+        args = validate_args(parse_args())
+    set_global_variables(args, build_tokenizer=False)
 
 
 def build(seed: int, mode_cls):
@@ -131,136 +165,180 @@ def build(seed: int, mode_cls):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     torch.manual_seed(seed)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed) if torch.cuda.is_available() else None
     config = TransformerConfig(
         num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, kv_channels=16,
         qk_layernorm=True, add_bias_linear=False, use_cpu_initialization=True, bf16=True,
         hidden_dropout=0.0, attention_dropout=0.0,
     )
-    model = GPTModel(
-        config=config, transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=True), vocab_size=128,
-        max_sequence_length=16,
-    )
-    for param in model.parameters():
-        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
-    with mode_cls():
-        chunk = DistributedDataParallel(
-            config=config, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True),
-            module=Float16Module(config, model),
+    with contextlib.redirect_stdout(io.StringIO()):
+        model = GPTModel(
+            config=config, transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=True), vocab_size=128,
+            max_sequence_length=16,
         )
-        optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=1e-3, weight_decay=0.1, bf16=True, clip_grad=1.0), [chunk]
-        )
+        for param in model.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        with mode_cls():
+            chunk = DistributedDataParallel(
+                config=config, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True),
+                module=Float16Module(config, model),
+            )
+            optimizer = get_megatron_optimizer(
+                OptimizerConfig(optimizer="adam", lr=1e-3, weight_decay=0.1, bf16=True, clip_grad=1.0), [chunk]
+            )
     return chunk, optimizer
 
 
-
-def set_megatron_args(save: Path) -> None:
-    """Megatron's global args from its own parser, for a run like the model `build` makes."""
-    from megatron.training.arguments import parse_args, validate_args
-    from megatron.training.global_vars import set_global_variables
-
-    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "96",
-            "--seq-length", "16", "--max-position-embeddings", "16", "--micro-batch-size", "1", "--global-batch-size", "1",
-            "--train-iters", "10", "--lr", "1e-3", "--bf16", "--save", str(save), "--ckpt-format", "torch_dist",
-            "--save-interval", "1", "--no-save-rng", "--vocab-size", "128", "--tokenizer-type", "NullTokenizer"]
-    sys.argv = ["repro", *argv]
-    with contextlib.redirect_stdout(io.StringIO()):
-        args = validate_args(parse_args())
-    set_global_variables(args, build_tokenizer=False)
+def checksum(chunk) -> str:
+    """A digest of every model parameter and its fp32 main copy, by name."""
+    digest = hashlib.sha256()
+    for name, param in chunk.named_parameters():
+        digest.update(name.encode())
+        for tensor in (param, getattr(param, "main_param", param)):
+            digest.update(tensor.detach().float().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
-def kill_at_tracker_write(save: Path) -> None:
-    """SIGKILL this process, in any thread, at the first `write` on a file named like the tracker."""
-    prefix = str(save / TRACKER)
+def kill_at_tracker_write(directory: Path) -> None:
+    """SIGKILL this process, in any thread started from now on, at the first `write` on a file named like the tracker."""
+    prefix = str(directory / TRACKER)
 
     def profile(frame, event, arg):
         if event != "c_call" or getattr(arg, "__name__", "") != "write":
             return
         name = getattr(getattr(arg, "__self__", None), "name", None)
         if isinstance(name, str) and os.path.abspath(name).startswith(prefix):
-            print(f"KILL_POINT {name}", file=sys.__stdout__, flush=True)  # save_checkpoint runs with stdout redirected
+            emit("KILL_POINT", path=os.path.abspath(name))
             os.kill(os.getpid(), signal.SIGKILL)
 
     threading.setprofile(profile)
     sys.setprofile(profile)
 
 
-def child(tree: Path, save: Path) -> int:
+def prepare_child(tree: Path, directory: Path):
+    """Import Megatron from `tree`, set its args and process group; returns the TorchFunctionMode class."""
     sys.path.insert(0, str(tree))
-    warnings.filterwarnings("ignore")
-    import torch
+    warnings.filterwarnings("ignore")  # Apex/TE fallbacks and torch.distributed.checkpoint notices
+    import megatron.training.checkpointing as checkpointing
 
+    if not Path(checkpointing.__file__).resolve().is_relative_to(tree):
+        raise SystemExit(f"error: imported {checkpointing.__file__}, not from the tree {tree}: check sys.path and PYTHONPATH")
     mode_cls = cpu_for_cuda()
-    if not torch.cuda.is_available():  # save_checkpoint collects the CUDA RNG state even with --no-save-rng
-        torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
     init_single_process_group()
-    set_megatron_args(save)
+    set_megatron_args(directory)
+    return mode_cls
+
+
+def child_save(tree: Path, directory: Path) -> int:
+    mode_cls = prepare_child(tree, directory)
+    import torch
     from megatron.training.checkpointing import save_checkpoint
 
-    with contextlib.redirect_stdout(io.StringIO()):
-        chunk, optimizer = build(seed=0, mode_cls=mode_cls)
+    chunk, optimizer = build(seed=0, mode_cls=mode_cls)
     generator = torch.Generator().manual_seed(1234)
     for iteration in (1, 2):
         for _, param in chunk.named_parameters():
             param.main_grad.copy_(torch.randn(param.shape, generator=generator))
         with mode_cls():
-            optimizer.step()
+            ok, _, _ = optimizer.step()
+        if not ok:
+            raise SystemExit(f"error: the optimizer skipped step {iteration}")
         if iteration == 2:
-            kill_at_tracker_write(save)
+            kill_at_tracker_write(directory)
         with mode_cls(), contextlib.redirect_stdout(io.StringIO()):
             save_checkpoint(iteration, [chunk], optimizer, None, 0)
-        print(f"SAVED {iteration}", flush=True)
+        emit("SAVED", iteration=iteration, checksum=checksum(chunk))
     return 0
+
+
+def child_load(tree: Path, directory: Path) -> int:
+    mode_cls = prepare_child(tree, directory)
+    from megatron.training.checkpointing import load_checkpoint
+
+    chunk, optimizer = build(seed=1, mode_cls=mode_cls)
+    fresh = checksum(chunk)
+    printed = io.StringIO()
+    try:
+        with mode_cls(), contextlib.redirect_stdout(printed):
+            iteration, _ = load_checkpoint([chunk], optimizer, None)
+    except BaseException as exc:  # noqa: B036 - read_metadata ends with sys.exit() on an unreadable tracker
+        errors = [line.strip() for line in printed.getvalue().splitlines() if "ERROR" in line]
+        emit("LOAD_FAILED", error=f"{type(exc).__name__}({getattr(exc, 'code', exc)!r})", printed=errors[-1:])
+        return 0
+    emit("LOADED", iteration=iteration, checksum=checksum(chunk), fresh=fresh)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# The parent
+# ----------------------------------------------------------------------------------------------------
+
+
+def run_child(tree: Path, command: str, directory: Path) -> tuple[int, list[tuple[str, dict]], str]:
+    """Run a child in a session of its own, kill whatever it leaves; returns its exit code, tagged lines and output."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen([sys.executable, __file__, "--tree", str(tree), "--child", command, str(directory)],
+                                stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            proc.wait(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"error: the {command} child ran past {CHILD_TIMEOUT_S} s")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out.seek(0)
+        log = out.read()
+    tagged = []
+    for line in log.splitlines():
+        tag, _, rest = line.partition(" ")
+        if tag in ("SAVED", "KILL_POINT", "LOADED", "LOAD_FAILED"):
+            tagged.append((tag, json.loads(rest)))
+    return proc.returncode, tagged, log
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tree", type=Path, required=True, help="a materialized megatron-lm tree (base or patched)")
-    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # the save directory, in the child process
+    parser.add_argument("--child", nargs=2, metavar=("COMMAND", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     tree = args.tree.resolve()
     if args.child:
-        return child(tree, args.child)
-    sys.path.insert(0, str(tree))
+        command, directory = args.child
+        return {"save": child_save, "load": child_load}[command](tree, Path(directory))
     print(host_stamp(tree), flush=True)
     has_fix = tree_has_fix(tree)
     print(f"tree: {tree} ({'has' if has_fix else 'lacks'} commit {FIX_SUBJECT!r}...)")
     with tempfile.TemporaryDirectory(prefix="repro-20-") as tmp:
         save = Path(tmp) / "checkpoints"
-        with tempfile.TemporaryFile("w+") as out:
-            proc = subprocess.Popen([sys.executable, __file__, "--tree", str(tree), "--child", str(save)], stdout=out,
-                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            try:
-                proc.wait(timeout=600)
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            out.seek(0)
-            log = out.read()
-        # Paths are printed relative to the checkpoint directory (a temporary one), as CHECKPOINTS/...
-        saved = [line.replace(str(save), "CHECKPOINTS") for line in log.splitlines() if line.startswith(("SAVED", "KILL_POINT"))]
-        print(f"child: exit {proc.returncode}; {saved}")
-        if proc.returncode != -signal.SIGKILL or saved[:1] != ["SAVED 1"] or not any(s.startswith("KILL_POINT") for s in saved):
-            print(f"error: the child was not killed at the tracker write of its second save:\n{log[-3000:]}")
+        relative = lambda text: str(text).replace(str(save), "CHECKPOINTS")  # no scratch path in the output
+
+        code, tagged, log = run_child(tree, "save", save)
+        saved = {fields["iteration"]: fields["checksum"] for tag, fields in tagged if tag == "SAVED"}
+        kills = [relative(fields["path"]) for tag, fields in tagged if tag == "KILL_POINT"]
+        print(f"save child: exit {code}; saved iterations {sorted(saved)}; killed at the write of {kills}")
+        if code != -signal.SIGKILL or sorted(saved) != [1] or len(kills) != 1 or not (save / "iter_0000002").is_dir():
+            print(f"error: the save child was not killed at the tracker write of its second save:\n{relative(log[-3000:])}")
             return 1
         tracker = save / TRACKER
         content = tracker.read_text() if tracker.is_file() else None
         print(f"after the kill: {TRACKER} holds {json.dumps(content)}; files {sorted(p.name for p in save.iterdir())}")
-        from megatron.training.checkpointing import read_metadata
 
-        try:
-            with contextlib.redirect_stdout(io.StringIO()) as printed:
-                iteration, release = read_metadata(str(tracker))
-        except SystemExit:
-            message = printed.getvalue().strip().replace(str(save), "CHECKPOINTS")
-            print(f"BUG_REPRODUCED: the tracker is {json.dumps(content)} and read_metadata exits: {message}")
-            return 1 if has_fix else 0
-        if iteration != 1 or release or not (save / "iter_0000001" / "metadata.json").is_file():
-            print(f"BUG_REPRODUCED: read_metadata gives iteration {iteration} (release {release}), not the complete iteration 1")
-            return 1 if has_fix else 0
-    print("FIX_VALIDATED: the tracker still names iteration 1, whose checkpoint is complete; a resume loads it")
+        code, tagged, log = run_child(tree, "load", save)
+        results = [(tag, fields) for tag, fields in tagged if tag in ("LOADED", "LOAD_FAILED")]
+        if code != 0 or len(results) != 1:
+            print(f"error: the load child exited {code} without a result:\n{relative(log[-3000:])}")
+            return 1
+        (tag, fields), = results
+    if tag == "LOAD_FAILED":
+        message = relative("; ".join(fields["printed"]) or "(no error printed)")
+        print(f"BUG_REPRODUCED: the tracker is {json.dumps(content)} and load_checkpoint exits with {fields['error']}: {message}")
+        return 1 if has_fix else 0
+    print(f"load child: iteration {fields['iteration']}, checksum {fields['checksum']} (iteration 1 saved {saved[1]};"
+          f" the fresh model had {fields['fresh']})")
+    if fields["iteration"] != 1 or fields["checksum"] != saved[1]:
+        print("error: load_checkpoint did not restore iteration 1 as saved")
+        return 1
+    print("FIX_VALIDATED: the tracker still names iteration 1, and load_checkpoint restores every parameter iteration 1 saved")
     return 0 if has_fix else 1
 
 
