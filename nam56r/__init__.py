@@ -20,11 +20,16 @@ KNOWN_WARNINGS = (
 )
 
 
+def verbose() -> bool:
+    """Whether the environment asks for every upstream warning (VERBOSE_ENV set, and not to 0)."""
+    return _os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
 def show_known_warnings() -> None:
     """Undo the filters of KNOWN_WARNINGS in this process (`--verbose`)."""
     _warnings.filters[:] = [f for f in _warnings.filters if not (f[0] == "ignore" and f[1] is not None and f[1].pattern in KNOWN_WARNINGS)]
 
 
-if _importlib_util.find_spec("transformer_engine") is None and not _os.environ.get(VERBOSE_ENV):
+if _importlib_util.find_spec("transformer_engine") is None and not verbose():
     for _message in KNOWN_WARNINGS:
         _warnings.filterwarnings("ignore", message=_message, category=UserWarning)

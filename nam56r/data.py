@@ -49,7 +49,9 @@ SPLIT_PREFIXES = {"train": "train_text_document", "valid": "valid_text_document"
 SOURCE_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".inl", ".cuh", ".c", ".cc", ".cpp", ".cxx", ".cu")
 MIN_VOCAB_SIZE = 257  # the 256 byte-level symbols and EOD
 BUILD_COMMAND = "python -m nam56r.data build"
+CONVERT_COMMAND = "python -m nam56r.data convert"
 ENCODE_CHUNK = 1024  # documents per encode_batch call (the Rust tokenizer spreads each call over all cores)
+MAX_ID_CHUNK = 1 << 26  # token ids per read when scanning a .bin for its largest id: bounded memory on any corpus
 
 
 def torch_include_dir() -> Path:
@@ -170,6 +172,13 @@ def collect_corpus(config: CorpusConfig) -> Corpus:
                 skipped.append((str(path), "empty"))
                 continue
             docs.append(Document(path.relative_to(root).as_posix(), text))
+    if not docs:
+        reasons = dict(Counter(r.split(" (")[0] for _, r in skipped))
+        found = f"{len(skipped)} files with those suffixes, all skipped: {reasons}" if skipped else "no such files"
+        raise ValueError(
+            f"no usable source files under {', '.join(map(str, config.sources))} ({found}): pass --source DIR holding "
+            f"non-empty UTF-8 files ending in {' '.join(SOURCE_SUFFIXES)}"
+        )
     valid = assign_valid([d.key for d in docs], config.valid_fraction)
     return Corpus(
         train=tuple(d for d, v in zip(docs, valid, strict=True) if not v),
@@ -265,11 +274,10 @@ def build(out: Path, vocab_size: int, corpus: CorpusConfig, force: bool = False,
         raise FileExistsError(f"--out {out} is a file: pass a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise FileExistsError(f"output directory {out} is not empty: pass --force to overwrite the files a build writes, or another --out")
+    print(f"reading sources: {', '.join(map(str, corpus.sources))}", file=sys.stderr)
+    data = collect_corpus(corpus)  # before `out` is touched: sources with no usable file leave an earlier build whole
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # written last: a directory without it is an unfinished build
-
-    print(f"reading sources: {', '.join(map(str, corpus.sources))}", file=sys.stderr)
-    data = collect_corpus(corpus)
     train_mb = sum(len(d.text.encode("utf-8")) for d in data.train) / 1e6
     print(f"training BPE (vocab {vocab_size}) on {len(data.train)} train documents ({train_mb:.1f} MB)...", file=sys.stderr)
     t0 = time.monotonic()
@@ -379,13 +387,29 @@ class PrefixReport:
     bad_count: int
 
 
+def max_token_id(bin_path: Path, tokens: np.ndarray, every_s: float = 2.0) -> int:
+    """The largest id in `tokens` (a memory map of `bin_path`), read in bounded chunks; a scan that
+    takes longer than `every_s` says how far it got on stderr."""
+    started = last = time.monotonic()
+    best = -1
+    for start in range(0, len(tokens), MAX_ID_CHUNK):
+        best = max(best, int(tokens[start : start + MAX_ID_CHUNK].max()))
+        if (now := time.monotonic()) - last >= every_s:
+            last = now
+            done = min(start + MAX_ID_CHUNK, len(tokens))
+            print(f"  checking token ids in {bin_path}: {done:,}/{len(tokens):,} ({100 * done / len(tokens):.0f}%, "
+                  f"{now - started:.1f}s)", file=sys.stderr, flush=True)
+    return best
+
+
 def check_prefix(prefix: Path, eod_id: int) -> PrefixReport:
     """Open `prefix` with Megatron's IndexedDataset and check that every document ends in `eod_id`."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     dataset = IndexedDataset(str(prefix))
     index = dataset.index
-    tokens = np.memmap(f"{prefix}.bin", dtype=index.dtype, mode="r") if index.sequence_lengths.sum() else np.zeros(0, index.dtype)
+    count = int(index.sequence_lengths.sum(dtype=np.int64))
+    tokens = np.memmap(f"{prefix}.bin", dtype=index.dtype, mode="r", shape=(count,)) if count else np.zeros(0, index.dtype)
     lengths = index.sequence_lengths.astype(np.int64)
     seq_ends = index.sequence_pointers // index.dtype_size + lengths - 1  # last token of each sequence
     doc_bounds = np.asarray(dataset.document_indices, dtype=np.int64)  # document d is sequences [b[d], b[d+1])
@@ -396,7 +420,7 @@ def check_prefix(prefix: Path, eod_id: int) -> PrefixReport:
     ok[with_tokens] = tokens[seq_ends[last_seq]] == eod_id
     bad = np.flatnonzero(~ok)
     return PrefixReport(
-        prefix=prefix, documents=len(ok), tokens=int(lengths.sum()), max_id=int(tokens.max()) if len(tokens) else -1,
+        prefix=prefix, documents=len(ok), tokens=int(lengths.sum()), max_id=max_token_id(Path(f"{prefix}.bin"), tokens),
         not_ending_in_eod=tuple(int(i) for i in bad[:10]), bad_count=len(bad),
     )
 

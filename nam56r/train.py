@@ -6,11 +6,14 @@
     python -m nam56r.train --recipe h200x8-bf16 --load /ckpt/run1 --save /ckpt/run1   # resume
     python -m nam56r.train --recipe h200x8-bf16 --nodes 4 --slurm-script job.sbatch    # several nodes
 
-Before launching it checks the recipe (`nam56r.recipe`), has Megatron's own parser validate every
-flag and derive the model config (which must match ours), checks the data (each .bin/.idx opens and
-is whole, holds tokens, and no token id or tokenizer exceeds the model's vocabulary; a dry run too,
-exiting 2 on bad data), and runs the preflight (patches applied and unmodified, fused kernels
-importable, a Hopper GPU). Without `--data` it trains on the default
+Before launching it checks the recipe (`nam56r.recipe`), then the data (`nam56r.data_checks`): the
+--data path exists; each train and valid .idx reads with Megatron's index reader, each .bin holds
+exactly the bytes its index points at, opens with Megatron's IndexedDataset and holds tokens; no
+token id reaches the model's vocabulary and every document ends in EOD; the tokenizer loads and
+fits the vocabulary. Bad data stops the launch before any GPU work with `error: bad data: FILE ...`
+naming the fix, and exit status 2, dry runs included. Then Megatron's own parser validates every
+flag and derives the model config (which must match ours), and the preflight runs (patches applied
+and unmodified, fused kernels importable, a Hopper GPU). Without `--data` it trains on the default
 C/C++ corpus (`python -m nam56r.data build`), built on first use. Runs write to `--run-dir`
 (default `runs/<recipe>-<time>`): the command, the model config, per-rank logs, TensorBoard
 events, and at the end `metrics.jsonl`, `summary.json` and `loss_throughput.png`. Checkpoints are
@@ -31,6 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nam56r import VERBOSE_ENV, show_known_warnings
 from nam56r.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
 from nam56r.megatron_args import (
     DataPaths,
@@ -60,7 +64,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--list", action="store_true", help="list the recipes and exit")
     parser.add_argument("--dry-run", action="store_true", help="print the checks, the preflight and the exact command; start nothing")
     parser.add_argument("--verbose", action="store_true",
-                        help="show every upstream warning: Megatron's TransformerEngine/Apex fallback notices (filtered by default) too")
+                        help="show every upstream warning, including the known ones filtered by default")
     shape = parser.add_argument_group("overrides of the recipe")
     shape.add_argument("--model", choices=sorted(PRESETS), help="model preset (e.g. nam56r on a recipe whose default is the proxy)")
     shape.add_argument("--mbs", type=int, dest="micro_batch", help="micro-batch size per GPU")
@@ -138,6 +142,11 @@ def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
             return DataChoice(placeholder, False, f"default C/C++ corpus not built yet; the launch builds it first ({build})")
         return DataChoice(_built_data(directory, vocab_size), True, f"default corpus {directory}")
     if args.data.is_dir():
+        if given := [flag for flag, value in (("--tokenizer", args.tokenizer), ("--valid-data", args.valid_data)) if value]:
+            raise TrainError(
+                f"--data {args.data} is a data directory, which names its own tokenizer and valid split in data.json: "
+                f"drop {' and '.join(given)}, or pass a prefix (PREFIX.bin/.idx) as --data"
+            )
         return DataChoice(_built_data(args.data, vocab_size), True, f"{args.data}/data.json")
     prefix = args.data
     if not prefix.exists() and not prefix.with_name(prefix.name + ".bin").exists():
@@ -155,18 +164,15 @@ def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
     return DataChoice(DataPaths(prefix, args.valid_data, args.tokenizer), True, f"prefix {prefix}")
 
 
-def check_data_or_refuse(args: argparse.Namespace, data: DataChoice, vocab_size: int) -> None:
-    """Refuse, before any GPU work, data the model cannot train on (`nam56r.data_checks`); dry runs too."""
-    from nam56r.data_checks import DataCheckError, check_data, tokenizer_vocab_size
+def check_data_or_refuse(data: DataChoice, vocab_size: int) -> str:
+    """Refuse, before any GPU work, data the model cannot train on (`nam56r.data_checks`); dry runs too.
+    Returns what was checked, one line."""
+    from nam56r.data_checks import DataCheckError, check_data
 
     try:
-        bare_prefix = args.data is not None and not args.data.is_dir()
-        tokenizer_vocab = tokenizer_vocab_size(data.paths.tokenizer_dir) if bare_prefix else None
-        summaries = check_data(data.paths, vocab_size, tokenizer_vocab=tokenizer_vocab)
+        return check_data(data.paths, vocab_size).summary()
     except DataCheckError as exc:
         raise TrainError(f"bad data: {exc}") from None
-    print("data checked: " + "; ".join(f"{s.prefix.name} {s.documents:,} documents, {s.tokens:,} tokens, max id {s.max_id}"
-                                        for s in summaries))
 
 
 def _built_data(directory: Path, vocab_size: int) -> DataPaths:
@@ -176,7 +182,11 @@ def _built_data(directory: Path, vocab_size: int) -> DataPaths:
     try:
         manifest = read_data_manifest(directory)
         manifest.check_vocab(vocab_size)
-    except (FileNotFoundError, ValueError) as exc:
+    except FileNotFoundError as exc:
+        prefixes = sorted(p.with_suffix("") for p in Path(directory).glob("*.idx"))
+        hint = f"; or pass one of its prefixes as --data, with --tokenizer: {', '.join(map(str, prefixes))}" if prefixes else ""
+        raise TrainError(f"{exc}{hint}") from None
+    except ValueError as exc:
         raise TrainError(str(exc)) from None
     return DataPaths(manifest.train_prefix, manifest.valid_prefix, manifest.tokenizer_dir)
 
@@ -229,11 +239,9 @@ def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
-    if args.verbose:  # for this process now, and for the ranks torchrun starts (they inherit the environment)
-        import nam56r
-
-        os.environ[nam56r.VERBOSE_ENV] = "1"
-        nam56r.show_known_warnings()
+    if args.verbose:  # for this process, before it imports Megatron; `launch_env` passes it to torchrun's ranks
+        os.environ[VERBOSE_ENV] = "1"
+        show_known_warnings()
     if args.list:
         for name, make in RECIPES.items():
             r = make()
@@ -256,11 +264,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise TrainError(f"refused for real runs: {', '.join(refused)}")
     backend, backend_problem = resolve_backend_for(recipe, args.dry_run)
     data = choose_data(args, model.vocab_size)
-    if data.ready:
-        check_data_or_refuse(args, data, model.vocab_size)
+    checked = check_data_or_refuse(data, model.vocab_size) if data.ready else "not yet: checked at launch, once built"
     run_paths = choose_run_paths(args, recipe)
     megatron_argv = lower(recipe, model, data.paths, run_paths, backend) + extra
-    env = runtime_env(os.environ)
+    env = launch_env(args)
     rendezvous = Rendezvous(args.rdzv_endpoint, args.node_rank) if args.rdzv_endpoint else None
     cmd = torchrun_command(recipe, megatron_argv, run_paths.run_dir / "logs", rendezvous) if not args.slurm_script else []
 
@@ -270,6 +277,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}"
     )
     print(f"data: {data.note}")
+    print(f"data checked: {checked}")
     print(
         f"run dir: {run_paths.run_dir}; checkpoints: " + (f"save {run_paths.save}" if run_paths.save else "none (--no-save)")
         + (f", resume from {run_paths.load}" if run_paths.load else "")
@@ -289,6 +297,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     if args.slurm_script:
         script = slurm_script(recipe, megatron_argv, run_paths.run_dir, ROOT)
+        if args.verbose:
+            print(f"--verbose: the script does not set {VERBOSE_ENV}; `export {VERBOSE_ENV}=1` before sbatch (srun passes it on)")
         if args.dry_run:
             print(f"slurm script ({args.slurm_script}, not written: dry run):\n{script}")
             return _dry_run_status(report)
@@ -309,6 +319,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if proc.returncode == 0 and args.node_rank == 0:
         _summarize(run_paths, model, recipe)
     return proc.returncode
+
+
+def launch_env(args: argparse.Namespace) -> dict[str, str]:
+    """The variables the launcher sets for torchrun and its ranks (printed with the command)."""
+    return runtime_env(os.environ) | ({VERBOSE_ENV: "1"} if args.verbose else {})
 
 
 def _dry_run_status(report) -> int:
@@ -336,6 +351,7 @@ def _ensure_data(data: DataChoice, vocab_size: int) -> None:
     print(format_summary(directory, build(directory, vocab_size, CorpusConfig(sources=(torch_include_dir(),)), command=command)))
     if (built := _built_data(directory, vocab_size)) != data.paths:
         raise TrainError(f"the default corpus was built as {built}, not at the paths in the flags ({data.paths})")
+    print(f"data checked: {check_data_or_refuse(data, vocab_size)}")
 
 
 def _summarize(run: RunPaths, model, recipe: Recipe) -> None:
