@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nam56r.bench.harness import ROOT, BenchError, Context, stamp, write_suite
 from nam56r.bench.suites import SUITES
+from nam56r.bench.training import RECIPES
 
 DEFAULT_OUT = ROOT / "docs" / "bench"
 
@@ -29,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--list", action="store_true", help="list the suites and what each needs, then exit")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sweeps: a smoke run, not a result")
+    parser.add_argument("--model", action="append", choices=sorted(RECIPES), dest="models", default=[],
+                        help="a model the training suites (train-step, microbatch) run; repeat for several "
+                             "(default: both, the proxy alone with --quick)")
     return parser
 
 
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{suite.name}: not run, needs a CUDA GPU (an H100/H200) and none is visible here")
         chosen = [s for s in chosen if not s.needs_gpu]
     host = stamp()
-    ctx = Context(out_dir=args.out, quick=args.quick)
+    ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)))
     failed = []
     for suite in chosen:
         print(f"== {suite.name}: {suite.summary}", flush=True)

@@ -36,6 +36,7 @@ class Row:
 class Context:
     out_dir: Path
     quick: bool  # fewer repetitions and smaller sweeps (a smoke run, not a result)
+    models: tuple[str, ...] = ()  # the training suites' models (nam56r.bench.training.RECIPES keys); () = the suite's default
 
 
 @dataclass(frozen=True)

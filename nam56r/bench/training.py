@@ -26,10 +26,16 @@ from collections import Counter
 from pathlib import Path
 
 from nam56r.bench.harness import BenchError, Context, Row, cuda_time_ms, require_gpu
+from nam56r.runlog import headline
 
 # The full NAM56R on one GPU: the 8-GPU bf16 recipe, one GPU, no expert parallelism.
 RECIPES = {"proxy": ["--recipe", "proxy-1gpu"], "nam56r": ["--recipe", "h200x8-bf16", "--gpus-per-node", "1", "--ep", "1"]}
 FIRST_STEP = re.compile(r"iteration\s+1/")
+
+
+def models(ctx: Context) -> tuple[str, ...]:
+    """The models a training suite runs: those named with --model, else both (the proxy alone for --quick)."""
+    return ctx.models or (("proxy",) if ctx.quick else tuple(RECIPES))
 
 
 def gemm_peak_tflops() -> float:
@@ -103,7 +109,7 @@ def train_step(ctx: Context) -> list[Row]:
     steps = 12 if ctx.quick else 25
     profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-train-") as tmp:
-        for recipe in ("proxy",) if ctx.quick else ("proxy", "nam56r"):
+        for recipe in models(ctx):
             run_dir = Path(tmp) / recipe
             result = train(recipe, run_dir, mbs=None, steps=steps, extra=profile if recipe == "proxy" and not ctx.quick else ())
             extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"]}
@@ -111,13 +117,14 @@ def train_step(ctx: Context) -> list[Row]:
             if summary is None:
                 rows.append(Row(f"{recipe} 1 GPU", "patched", extra={**extra, "error": "\n".join(result["tail"][-15:])}))
                 continue
-            tflops = summary["tflops_per_s_per_gpu"]
-            extra.update(tokens_per_s_per_gpu=summary["tokens_per_s_per_gpu"], tflops_per_s_per_gpu=tflops, mfu=tflops / peak,
-                         window=summary["window"], global_batch_size=summary["global_batch_size"], losses=summary["losses"])
+            figures, medians = headline(summary), summary["median_over_window"]
+            tflops = figures.tflops_per_s_per_gpu
+            extra.update(tokens_per_s_per_gpu=figures.tokens_per_s_per_gpu, tflops_per_s_per_gpu=tflops, mfu=tflops / peak,
+                         window=summary["window"], global_batch_size=medians["global_batch_size"], losses=summary["losses"])
             if recipe == "proxy" and not ctx.quick:
                 extra["top_kernels"] = top_kernels(run_dir)
-            rows.append(Row(f"{recipe} 1 GPU", "patched", time_ms=summary["iteration_time_s"] * 1e3,
-                            peak_extra_bytes=summary["peak_memory_bytes"], extra=extra))
+            rows.append(Row(f"{recipe} 1 GPU", "patched", time_ms=medians["iteration_time_s"] * 1e3,
+                            peak_extra_bytes=summary["peak_memory"]["bytes"], extra=extra))
     return rows
 
 
@@ -125,12 +132,12 @@ def microbatch(ctx: Context) -> list[Row]:
     require_gpu("microbatch")
     rows = []
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-mbs-") as tmp:
-        for recipe in ("proxy",) if ctx.quick else ("proxy", "nam56r"):
+        for recipe in models(ctx):
             fits, fails, tried = 0, None, {}
             mbs = 1
             while fails is None or fails - fits > 1:
                 result = train(recipe, Path(tmp) / f"{recipe}-mbs{mbs}", mbs=mbs, steps=3)
-                tried[mbs] = result["exit"]
+                tried[mbs] = _attempt(result)
                 if result["exit"] == 0:
                     fits = mbs
                 else:
@@ -147,6 +154,17 @@ def microbatch(ctx: Context) -> list[Row]:
                 "unpatched": "not measured (needs an environment without the memory patches)",
             }))
     return rows
+
+
+def _attempt(result: dict) -> dict:
+    """What one micro-batch try shows: its exit code, peak memory and speed when it trained, or why it stopped."""
+    summary = result["summary"]
+    if summary is None:
+        reason = next((line for line in reversed(result["tail"]) if "OutOfMemoryError" in line or "out of memory" in line), None)
+        return {"exit": result["exit"], "error": (reason or "\n".join(result["tail"][-5:]))[-400:]}
+    figures = headline(summary)
+    return {"exit": result["exit"], "peak_memory_gib": figures.peak_memory_gib, "tflops_per_s_per_gpu": figures.tflops_per_s_per_gpu,
+            "first_step_s": result["first_step_s"]}
 
 
 def compile_tax(ctx: Context) -> list[Row]:

@@ -119,3 +119,32 @@ def test_bench_training_runs_save_no_checkpoint(recipe: str, tmp_path: Path, meg
     out = capsys.readouterr().out
     assert "checkpoints: none (--no-save)" in out
     assert "--micro-batch-size 2 " in out and "--global-batch-size 2 " in out and "--save " not in out
+
+
+def test_a_micro_batch_try_reads_a_real_run_summary() -> None:
+    from nam56r.bench.training import _attempt
+
+    summary = json.loads((ROOT / "docs" / "train" / "proxy-1gpu-h200.json").read_text())
+    tried = _attempt({"exit": 0, "summary": summary, "first_step_s": 202.0, "tail": []})
+    assert tried == {"exit": 0, "peak_memory_gib": summary["peak_memory"]["gib"],
+                     "tflops_per_s_per_gpu": summary["median_over_window"]["tflops_per_s_per_gpu"], "first_step_s": 202.0}
+    assert 60 < tried["peak_memory_gib"] < 70
+
+
+def test_a_micro_batch_try_that_ran_out_of_memory_says_so() -> None:
+    from nam56r.bench.training import _attempt
+
+    tail = ["[default0]: step 1", "[default0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB", "exit"]
+    assert _attempt({"exit": 1, "summary": None, "first_step_s": None, "tail": tail}) == {
+        "exit": 1, "error": "[default0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"}
+
+
+def test_model_option_picks_the_training_suites_models(tmp_path: Path) -> None:
+    from nam56r.bench.harness import Context
+    from nam56r.bench.training import models
+
+    assert models(Context(tmp_path, quick=False)) == ("proxy", "nam56r")
+    assert models(Context(tmp_path, quick=True)) == ("proxy",)
+    assert models(Context(tmp_path, quick=False, models=("nam56r",))) == ("nam56r",)
+    proc = bench("--model", "full", "microbatch")
+    assert proc.returncode == 2 and "invalid choice: 'full'" in proc.stderr
