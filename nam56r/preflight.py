@@ -5,8 +5,9 @@ one NAM56R's kernels are built for.
     python -m nam56r.preflight --preset nam56r
 
 Each check names the missing piece and how to get it; `run_preflight(...).raise_if_failed()`
-stops training on the first report with failures. It reads the patch lane's state file
-(`<tree>/.git/nam56r-patchlane.json`, written by `nox -s build`) without importing the patch lane.
+stops training on the first report with failures. It reads the series and each tree's state file
+(`<tree>/.git/nam56r-patchlane.json`, written by `nox -s build`) with the patch lane's own readers,
+which need no GitPython.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nam56r_patchlane.series import read_series
+from nam56r_patchlane.statefile import state_path
+
 from nam56r.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-STATE_FILE = "nam56r-patchlane.json"
 # Hopper: the TileLang sparse-MLA / Mamba-3 MIMO kernels and their shared-memory budgets are
 # validated on sm_90 (H100/H200) only.
 SUPPORTED_CAPABILITIES = {(9, 0): "Hopper (H100/H200)"}
@@ -61,20 +64,17 @@ class PreflightReport:
 
 
 def _series(root: Path, upstream: str) -> list[str]:
-    path = root / "patches" / upstream / "series"
-    if not path.is_file():
-        return []
-    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return [entry.name for entry in read_series(root / "patches", upstream).entries]
 
 
 def series_problems(root: Path, upstream: str) -> list[str]:
     """Why `third_party/<upstream>` does not hold exactly `patches/<upstream>/series` (empty: it does)."""
     series = _series(root, upstream)
     tree = root / "third_party" / upstream
-    state_path = tree / ".git" / STATE_FILE
-    if not state_path.is_file():
-        return [f"{tree} has no patch-lane state ({state_path.name}): it was not built by the patch lane; {REBUILD}"]
-    applied = json.loads(state_path.read_text()).get("applied", [])
+    state = state_path(tree / ".git")
+    if not state.is_file():
+        return [f"{tree} has no patch-lane state ({state.name}): it was not built by the patch lane; {REBUILD}"]
+    applied = json.loads(state.read_text()).get("applied", [])
     names = [entry["name"] for entry in applied]
     if names != series:
         return [f"applied {names or 'nothing'}, series lists {series or 'nothing'}; {REBUILD}"]

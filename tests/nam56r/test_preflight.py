@@ -40,6 +40,12 @@ def test_applied_series_passes(built_root: Path) -> None:
     assert series_problems(built_root, "up") == []
 
 
+def test_series_comments_are_read_as_the_patch_lane_reads_them(built_root: Path) -> None:
+    # The patch lane's reader strips inline and indented comments; the preflight reads the same series.
+    (built_root / "patches" / "up" / "series").write_text("  # indented comment\n0001-fix.patch  # why it exists\n\n")
+    assert series_problems(built_root, "up") == []
+
+
 def test_edited_patch_file_fails_by_checksum(built_root: Path) -> None:
     (built_root / "patches" / "up" / "0001-fix.patch").write_text("the patch, edited\n")
     (problem,) = series_problems(built_root, "up")

@@ -15,10 +15,10 @@ from pathlib import Path
 import git
 
 from .errors import PatchlaneError
+from .statefile import state_path
 
 BASE_TAG = "upstream"
 BRANCH = "patched"
-STATE_FILE = "nam56r-patchlane.json"
 # Fixed identity and dates make every commit a pure function of its content: the same release and
 # the same series give the same commit ids on every machine.
 IDENTITY = {
@@ -190,7 +190,7 @@ class UpstreamTree:
     # -- state ------------------------------------------------------------------------------
     @property
     def state_path(self) -> Path:
-        return Path(self.repo.git_dir) / STATE_FILE
+        return state_path(Path(self.repo.git_dir))
 
     def read_state(self) -> TreeState | None:
         if not self.state_path.is_file():
