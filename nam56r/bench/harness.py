@@ -8,6 +8,7 @@ import json
 import platform
 import statistics
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,36 +49,19 @@ class Suite:
 
 
 def stamp() -> dict[str, Any]:
-    """Host, versions, this checkout's commit and the pinned upstream commits: where a result came from."""
-    info: dict[str, Any] = {
-        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "gpu": "cpu",
-        "capability": "",
-        "driver": "",
-        "torch": "",
-        "triton": "",
-        "cuda": "",
-    }
+    """Host, versions, this checkout's commit and the pinned upstream commits: where a result came from. The
+    versions are the validation manifest's host stamp of this interpreter."""
+    from nam56r_patchlane.manifest import host_stamp
+
+    info: dict[str, Any] = {"date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(),
+                            **asdict(host_stamp(sys.executable))}
     try:
         import torch
 
-        info["torch"], info["cuda"] = torch.__version__, torch.version.cuda or ""
         if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-            info["capability"] = "{}.{}".format(*torch.cuda.get_device_capability(0))
             info["gpu_count"] = torch.cuda.device_count()
     except ImportError:
         pass
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        pass
-    smi = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    info["driver"] = smi.splitlines()[0].strip() if smi else ""
     info["commit"] = _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]) or "unknown"
     info["dirty"] = bool(_run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"]))
     info["upstreams"] = _upstream_pins()

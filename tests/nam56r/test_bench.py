@@ -148,3 +148,15 @@ def test_model_option_picks_the_training_suites_models(tmp_path: Path) -> None:
     assert models(Context(tmp_path, quick=False, models=("nam56r",))) == ("nam56r",)
     proc = bench("--model", "full", "microbatch")
     assert proc.returncode == 2 and "invalid choice: 'full'" in proc.stderr
+
+
+def test_bench_results_carry_the_manifests_host_stamp() -> None:
+    from dataclasses import asdict
+
+    from nam56r_patchlane.manifest import host_stamp
+
+    from nam56r.bench.harness import stamp
+
+    host = stamp()
+    assert {key: host[key] for key in asdict(host_stamp(sys.executable))} == asdict(host_stamp(sys.executable))
+    assert len(host["commit"]) == 40 and set(host["upstreams"]) == {"megatron-lm", "mamba", "liger-kernel", "tilelang"}
