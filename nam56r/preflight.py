@@ -67,7 +67,7 @@ def _series(root: Path, upstream: str) -> list[str]:
     return [entry.name for entry in read_series(root / "patches", upstream).entries]
 
 
-def series_problems(root: Path, upstream: str) -> list[str]:
+def applied_series_problems(root: Path, upstream: str) -> list[str]:
     """Why `third_party/<upstream>` does not hold exactly `patches/<upstream>/series` (empty: it does)."""
     series = _series(root, upstream)
     tree = root / "third_party" / upstream
@@ -130,7 +130,7 @@ def run_preflight(config: ModelConfig, *, root: Path = ROOT, require_gpu: bool =
         series = _series(root, upstream)
         if not series:
             continue
-        problems = series_problems(root, upstream)
+        problems = applied_series_problems(root, upstream)
         if upstream in PATCHED_IMPORTS and (where := _import_location_problem(root, upstream)):
             problems.append(where)
         applied = f"{len(series)} patches applied, checksums match"

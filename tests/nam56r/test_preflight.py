@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nam56r.preflight import run_preflight, series_problems
+from nam56r.preflight import applied_series_problems, run_preflight
 from nam56r.presets import get_preset
 
 
@@ -37,30 +37,30 @@ def built_root(tmp_path: Path) -> Path:
 
 
 def test_applied_series_passes(built_root: Path) -> None:
-    assert series_problems(built_root, "up") == []
+    assert applied_series_problems(built_root, "up") == []
 
 
 def test_series_comments_are_read_as_the_patch_lane_reads_them(built_root: Path) -> None:
     # The patch lane's reader strips inline and indented comments; the preflight reads the same series.
     (built_root / "patches" / "up" / "series").write_text("  # indented comment\n0001-fix.patch  # why it exists\n\n")
-    assert series_problems(built_root, "up") == []
+    assert applied_series_problems(built_root, "up") == []
 
 
 def test_edited_patch_file_fails_by_checksum(built_root: Path) -> None:
     (built_root / "patches" / "up" / "0001-fix.patch").write_text("the patch, edited\n")
-    (problem,) = series_problems(built_root, "up")
+    (problem,) = applied_series_problems(built_root, "up")
     assert "0001-fix.patch changed since it was applied" in problem and "nox -s build" in problem
 
 
 def test_new_patch_in_series_fails(built_root: Path) -> None:
     (built_root / "patches" / "up" / "series").write_text("0001-fix.patch\n0002-more.patch\n")
-    (problem,) = series_problems(built_root, "up")
+    (problem,) = applied_series_problems(built_root, "up")
     assert "series lists ['0001-fix.patch', '0002-more.patch']" in problem
 
 
 def test_uncommitted_tree_edit_fails(built_root: Path) -> None:
     (built_root / "third_party" / "up" / "a.py").write_text("x = 2\n")
-    (problem,) = series_problems(built_root, "up")
+    (problem,) = applied_series_problems(built_root, "up")
     assert "uncommitted edits that are in no patch (a.py)" in problem
 
 
@@ -68,7 +68,7 @@ def test_tree_without_state_fails(tmp_path: Path) -> None:
     (tmp_path / "patches" / "up").mkdir(parents=True)
     (tmp_path / "patches" / "up" / "series").write_text("0001-fix.patch\n")
     (tmp_path / "third_party" / "up" / ".git").mkdir(parents=True)
-    (problem,) = series_problems(tmp_path, "up")
+    (problem,) = applied_series_problems(tmp_path, "up")
     assert "was not built by the patch lane" in problem
 
 
