@@ -121,8 +121,9 @@ class Recipe:
             problems.append("precision fp8-tensorwise needs TransformerEngine (backend 'te'); the local backend trains in bf16")
         if self.compile_mamba_elementwise:
             problems.append(
-                "compile_mamba_elementwise: the regional torch.compile of Mamba-3's elementwise regions is not built yet "
-                "(kernels issue, part 4: it is kept only if its measured speed-up holds); leave it off"
+                "compile_mamba_elementwise: the regional torch.compile of Mamba-3's elementwise regions is not wired into "
+                "training: at NAM56R's shape it is no faster than the eager region (`nox -s bench -- kernels`, case "
+                "'mamba3 adt region mb8'); leave it off"
             )
         if self.min_lr > self.lr:
             problems.append(f"min_lr {self.min_lr} exceeds lr {self.lr}")

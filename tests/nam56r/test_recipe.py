@@ -83,7 +83,7 @@ def test_resume_lowers_load_and_exits_on_missing_checkpoint(megatron_built):
         ({"micro_batch": 3}, "global_batch 8 is not a multiple of micro_batch"),
         ({"tp": 2, "gpus_per_node": 2}, "tensor parallel 1 only"),
         ({"precision": "fp8-tensorwise", "backend": "local"}, "needs TransformerEngine"),
-        ({"compile_mamba_elementwise": True}, "not built yet"),
+        ({"compile_mamba_elementwise": True}, "not wired into training"),
         ({"warmup_steps": 500}, "warmup_steps 500 must be below steps 300"),
         ({"micro_batch": 0}, "micro_batch must be >= 1"),
     ],
