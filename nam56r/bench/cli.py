@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", action="append", choices=sorted(RECIPES), dest="models", default=[],
                         help="a model the training suites (train-step, microbatch) run; repeat for several "
                              "(default: both, the proxy alone with --quick)")
+    parser.add_argument("--cache", type=Path, help="the artifact cache the tooling suite fills and builds from "
+                        "(default: the patch lane's, ~/.cache/nam56r-patchlane/artifacts)")
     return parser
 
 
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{suite.name}: not run, needs a CUDA GPU (an H100/H200) and none is visible here")
         chosen = [s for s in chosen if not s.needs_gpu]
     host = stamp()
-    ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)))
+    ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)), cache=args.cache)
     failed = []
     for suite in chosen:
         print(f"== {suite.name}: {suite.summary}", flush=True)

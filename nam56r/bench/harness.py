@@ -38,6 +38,7 @@ class Context:
     out_dir: Path
     quick: bool  # fewer repetitions and smaller sweeps (a smoke run, not a result)
     models: tuple[str, ...] = ()  # the training suites' models (nam56r.bench.training.RECIPES keys); () = the suite's default
+    cache: Path | None = None  # the tooling suite's artifact cache; None = the patch lane's default
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ on a cluster that pre-filled it with `apply_patches.py cache`): materialize + ap
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -19,12 +18,6 @@ from nam56r_patchlane.artifacts import default_cache_dir
 from nam56r.bench.harness import ROOT, BenchError, Context, Row
 
 TOOL = ROOT / "tools" / "apply_patches.py"
-
-
-def default_cache() -> Path:
-    """NAM56R_BENCH_CACHE, else the patch lane's own default artifact cache."""
-    override = os.environ.get("NAM56R_BENCH_CACHE")
-    return Path(override) if override else default_cache_dir()
 
 
 def _timed(command: list[str], what: str) -> float:
@@ -39,7 +32,7 @@ def _timed(command: list[str], what: str) -> float:
 
 
 def run(ctx: Context) -> list[Row]:
-    cache = default_cache()
+    cache = ctx.cache or default_cache_dir()
     rows = []
     fill = _timed([sys.executable, str(TOOL), "cache", "fill", str(cache), "--artifacts-only"], "fill the artifact cache (no-op when warm)")
     rows.append(Row("cache fill", "warm cache", time_ms=fill * 1e3))

@@ -44,8 +44,14 @@ def test_unknown_suite_is_refused_with_the_known_ones() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-host behaviour")
 def test_default_run_on_a_cpu_host_runs_tooling_and_says_what_it_did_not_run(tmp_path: Path) -> None:
-    proc = bench("--out", str(tmp_path), "--quick")
+    from nam56r_patchlane.artifacts import default_cache_dir
+
+    cache = tmp_path / "artifacts"
+    default_cache_dir().mkdir(parents=True, exist_ok=True)
+    cache.symlink_to(default_cache_dir(), target_is_directory=True)  # --cache names the cache; its warm content is reused
+    proc = bench("--out", str(tmp_path), "--quick", "--cache", str(cache))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"cache fill {cache} --artifacts-only" in proc.stdout and f"--cache {cache} --offline build" in proc.stdout
     for name in ("kernels", "train-step", "microbatch", "compile-tax"):
         assert f"{name}: not run, needs a CUDA GPU" in proc.stdout
     result = json.loads((tmp_path / "tooling.json").read_text())
