@@ -214,7 +214,8 @@ def _world(world_size: int):
 
 def megatron_validate(argv: Sequence[str], world_size: int) -> argparse.Namespace:
     """Parse and validate `argv` with Megatron's own parser and `validate_args`, as `world_size` ranks
-    would; raise on anything Megatron rejects. Touches no GPU and no global state."""
+    would; raise on anything Megatron rejects. Touches no GPU; WORLD_SIZE and RANK, which Megatron's validation
+    reads, are set only for the call and restored after it."""
     from megatron.training.arguments import add_megatron_arguments, validate_args
 
     parser = add_nam56r_args(add_megatron_arguments(argparse.ArgumentParser(prog="megatron", allow_abbrev=False)))

@@ -24,7 +24,7 @@ from .series import Series, SeriesEntry, slug_from_subject
 _HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@")
 _FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
 _FAILED_FILE = re.compile(r"error: (.+): (does not exist in index|No such file or directory|already exists in index|patch does not apply)")
-_OFFSET = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
+HUNK_OFFSET = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
 CLI = "python tools/apply_patches.py"
 
 
@@ -78,7 +78,7 @@ def apply_patch(tree: UpstreamTree, upstream: str, entry: SeriesEntry) -> tuple[
             f"the tree is left at the last patch that applied; fix the patch (or `{CLI} rebase`) and build again",
         )
     commit = tree.commit(patch.commit_message())
-    offsets = tuple(f"hunk #{m.group(1)} at line {m.group(2)} (offset {m.group(3)})" for m in _OFFSET.finditer(output))
+    offsets = tuple(f"hunk #{m.group(1)} at line {m.group(2)} (offset {m.group(3)})" for m in HUNK_OFFSET.finditer(output))
     return AppliedPatch(name=entry.name, sha256=entry.sha256(), commit=commit), ApplyOutcome(entry.name, offsets)
 
 

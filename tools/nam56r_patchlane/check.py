@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .apply import _OFFSET, describe_apply_failure, export_commit, git_apply
+from .apply import HUNK_OFFSET, describe_apply_failure, export_commit, git_apply
 from .errors import PatchlaneError
 from .gittree import BASE_TAG, UpstreamTree, is_git_tree
 from .lock import Lock, Upstream
@@ -55,7 +55,7 @@ def check_upstream(root: Path, upstream: Upstream, cache_dir: Path, offline: boo
             if not ok:
                 problems += [f"{entry.path}: does not apply to the base: {d}" for d in describe_apply_failure(patch, output)]
                 break
-            offsets = _OFFSET.findall(output)  # not `"offset" in output`: --verbose also prints file names
+            offsets = HUNK_OFFSET.findall(output)  # not `"offset" in output`: --verbose also prints file names
             if offsets:
                 problems.append(f"{entry.path}: applies only with offsets ({len(offsets)} hunk(s)); refresh it")
             commit = tree.commit(patch.commit_message())

@@ -31,7 +31,7 @@ def pin_label(upstream: Upstream) -> str:
     return f"{upstream.requirement} @ {upstream.tag} {upstream.commit[:12]}"
 
 
-def _unpack(archive: Path, dest: Path) -> None:
+def unpack_archive(archive: Path, dest: Path) -> None:
     """Unpack an sdist (dropping its single top-level folder) or a wheel into `dest`."""
     if archive.name.endswith(".whl"):
         with zipfile.ZipFile(archive) as zf:
@@ -103,7 +103,7 @@ def materialize_upstream(
     kind = "wheel" if upstream.install == "wheel" else "sdist"
     log(f"  unpacking {fetched.path.name} ({kind}, from {fetched.source}) into {path}")
     path.mkdir(parents=True, exist_ok=True)
-    _unpack(fetched.path, path)
+    unpack_archive(fetched.path, path)
     message = (
         f"upstream: {upstream.requirement} ({kind} {fetched.path.name})\n\n"
         f"Pinned release {upstream.tag} ({upstream.git_url} {upstream.commit}),\n"

@@ -18,7 +18,7 @@ from .build import format_table
 from .errors import PatchlaneError
 from .gittree import UpstreamTree, is_git_tree
 from .lock import Upstream
-from .materialize import _unpack
+from .materialize import unpack_archive
 from .patchfile import read_patch
 from .series import read_series
 
@@ -49,7 +49,7 @@ def _scratch_base(root: Path, upstream: Upstream, ref: str, dest: Path, python: 
             raise PatchlaneError(f"expected one artifact for {upstream.pypi}=={ref}, got {[f.name for f in files]}")
         digest = sha256_file(files[0])
         dest.mkdir(parents=True)
-        _unpack(files[0], dest)
+        unpack_archive(files[0], dest)
     scratch = UpstreamTree.init_from_directory(dest, f"rebase base: {upstream.pypi}=={ref}\n")
     return scratch, f"PyPI {upstream.pypi}=={ref} ({files[0].name}, sha256 {digest}, not pinned)"
 
