@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r.recipe import Recipe
+from nam56r.run_dir import RunDir
 
 # Always on: the original team's OOMs from allocator fragmentation went away with it.
 ALLOC_CONF = "expandable_segments:True"
@@ -98,7 +99,7 @@ srun --ntasks-per-node=1 {shlex.quote(python)} -m nam56r.preflight --preset {pre
 srun --ntasks-per-node=1 {shlex.quote(python)} -m torch.distributed.run \\
     --nnodes="$SLURM_NNODES" --nproc-per-node={recipe.gpus_per_node} \\
     --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$head_node:{DEFAULT_RDZV_PORT}" \\
-    --log-dir={shlex.quote(str(run_dir / "logs"))} --tee=3 \\
+    --log-dir={shlex.quote(str(RunDir(run_dir).logs))} --tee=3 \\
     -m nam56r.pretrain \\
     {flags}
 """

@@ -19,6 +19,7 @@ from pathlib import Path
 from nam56r.config import ModelConfig
 from nam56r.pattern import layout_of
 from nam56r.recipe import Recipe
+from nam56r.run_dir import RunDir
 
 # Flags a real run must never carry: synthetic data and the null tokenizer (the original launcher
 # refused them for real runs too).
@@ -44,12 +45,8 @@ class RunPaths:
     load: Path | None  # resume from here
 
     @property
-    def model_config_file(self) -> Path:
-        return self.run_dir / "model_config.json"
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        return self.run_dir / "tensorboard"
+    def layout(self) -> RunDir:
+        return RunDir(self.run_dir)
 
 
 def lower(recipe: Recipe, model: ModelConfig, data: DataPaths, run: RunPaths, backend: str) -> list[str]:
@@ -128,10 +125,10 @@ def lower(recipe: Recipe, model: ModelConfig, data: DataPaths, run: RunPaths, ba
         "--tokenizer-type", "HuggingFaceTokenizer",
         "--tokenizer-model", str(data.tokenizer_dir),
         "--num-workers", str(recipe.num_workers),
-        "--data-cache-path", str(run.run_dir / "dataset-cache"),  # not beside the data, which may be read-only
+        "--data-cache-path", str(run.layout.dataset_cache),  # not beside the data, which may be read-only
         # Logging
         "--log-interval", str(recipe.log_interval),
-        "--tensorboard-dir", str(run.tensorboard_dir),
+        "--tensorboard-dir", str(run.layout.tensorboard),
         "--log-timers-to-tensorboard",
         "--log-memory-to-tensorboard",
         "--log-validation-ppl-to-tensorboard",
@@ -176,7 +173,7 @@ def lower(recipe: Recipe, model: ModelConfig, data: DataPaths, run: RunPaths, ba
         args += ["--load", str(run.load), "--exit-on-missing-checkpoint"]
     if recipe.fused_linear_ce:
         args += ["--fused-linear-cross-entropy"]  # TransformerConfig field from Megatron patch 0007
-    args += ["--nam56r-model-config", str(run.model_config_file), "--nam56r-backend", backend]
+    args += ["--nam56r-model-config", str(run.layout.model_config), "--nam56r-backend", backend]
     return args
 
 

@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nam56r.logged_run import LoggedRun, run_logged
-from nam56r.runlog import LOSS_TAG, SUMMARY_FILE, compare_loss_curves, headline, loss_curve, resolve_tensorboard_dir
+from nam56r.run_dir import RunDir
+from nam56r.runlog import LOSS_TAG, compare_loss_curves, headline, loss_curve, resolve_tensorboard_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKPOINTS = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class TrainRun:
         return self.launch.exit_code
 
     def summary(self) -> dict | None:
-        path = self.run_dir / SUMMARY_FILE
+        path = RunDir(self.run_dir).summary
         return json.loads(path.read_text()) if path.is_file() else None
 
     def figures(self) -> dict:
@@ -103,7 +103,7 @@ def assess(check: ResumeCheck, full: TrainRun, resumed: TrainRun | None) -> Resu
         if run.exit_code != 0:
             problems.append(f"the {run.name} run exited {run.exit_code}; its log ends:\n{run.launch.tail()}")
         elif run.summary() is None:
-            problems.append(f"the {run.name} run wrote no {run.run_dir / SUMMARY_FILE}")
+            problems.append(f"the {run.name} run wrote no {RunDir(run.run_dir).summary}")
     if resumed is None and not problems:
         problems.append("the resumed run did not run")
     if problems or resumed is None:
@@ -143,8 +143,8 @@ def run_resume_check(check: ResumeCheck, out_dir: Path, data: Path, python: str 
         return assess(check, full, None)
     launch = train_run(
         "resumed", resumed_dir,
-        [*common, "--save-interval", str(check.steps), "--load", str(full_dir / CHECKPOINTS), "--save", str(resumed_dir / CHECKPOINTS),
-         "--", *megatron_flags, "--ckpt-step", str(check.resume_at)],
+        [*common, "--save-interval", str(check.steps), "--load", str(RunDir(full_dir).checkpoints),
+         "--save", str(RunDir(resumed_dir).checkpoints), "--", *megatron_flags, "--ckpt-step", str(check.resume_at)],
         python, check.timeout_s, echo,
     )
     return assess(check, full, TrainRun("resumed", resumed_dir, launch))

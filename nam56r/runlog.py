@@ -35,6 +35,7 @@ from pathlib import Path
 
 from nam56r.config import ModelConfig
 from nam56r.flops import FORMULA, flops_per_token
+from nam56r.run_dir import RunDir
 
 LOSS_TAG = "lm loss"
 ITERATION_TIME_TAG = "iteration-time"
@@ -56,9 +57,6 @@ _LOSS = re.compile(r"loss( validation.*)?$")  # 'lm loss', 'mtp_1 loss', 'indexe
 
 EVENT_GLOB = "events.out.tfevents.*"
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-PLOT_FILE = "loss_throughput.png"
 
 
 class RunLogError(ValueError):
@@ -350,9 +348,9 @@ def summarize_run(
         for tag, values in sorted(scalars.items())
         if _LOSS.search(tag) and not tag.endswith("ppl") and values
     }
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"metrics": str(out / METRICS_FILE), "summary": str(out / SUMMARY_FILE), "plot": str(out / PLOT_FILE)}
+    out = RunDir(Path(out_dir))
+    out.path.mkdir(parents=True, exist_ok=True)
+    files = {"metrics": str(out.metrics), "summary": str(out.summary), "plot": str(out.plot)}
     summary = RunSummary(
         tensorboard_dir=str(directory),
         preset=config.name,
@@ -422,7 +420,7 @@ def plot_run(
 
 def resolve_tensorboard_dir(run_dir: Path) -> Path:
     """A run folder's `tensorboard/` (where nam56r.megatron_args points Megatron), or the folder itself."""
-    nested = run_dir / "tensorboard"
+    nested = RunDir(run_dir).tensorboard
     return nested if nested.is_dir() else run_dir
 
 
@@ -432,7 +430,7 @@ def _run_model_and_world(run_dir: Path, preset: str | None, world_size: int | No
     a preset stands in only where the run has no model_config.json."""
     from nam56r.presets import get_preset
 
-    model_file, recipe_file = run_dir / "model_config.json", run_dir / "recipe.json"
+    model_file, recipe_file = RunDir(run_dir).model_config, RunDir(run_dir).recipe
     if model_file.is_file():
         config = ModelConfig.from_dict(json.loads(model_file.read_text()))
         if preset is not None and preset != config.name:

@@ -47,6 +47,7 @@ from nam56r.megatron_args import (
 )
 from nam56r.presets import PRESETS
 from nam56r.recipe import RECIPES, Recipe, RecipeError, get_recipe
+from nam56r.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT_MARKER = "latest_checkpointed_iteration.txt"
@@ -200,7 +201,7 @@ def choose_run_paths(args: argparse.Namespace, recipe: Recipe) -> RunPaths:
     run_dir = args.run_dir or ROOT / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.no_save and args.save is not None:
         raise TrainError("--no-save and --save contradict each other: pass one")
-    save = None if args.no_save else args.save or run_dir / "checkpoints"
+    save = None if args.no_save else args.save or RunDir(run_dir).checkpoints
     load = args.load
     if save is not None and (save / CHECKPOINT_MARKER).is_file() and (load is None or load.resolve() != save.resolve()):
         raise TrainError(
@@ -269,7 +270,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     megatron_argv = lower(recipe, model, data.paths, run_paths, backend) + extra
     env = launch_env(args)
     rendezvous = Rendezvous(args.rdzv_endpoint, args.node_rank) if args.rdzv_endpoint else None
-    cmd = torchrun_command(recipe, megatron_argv, run_paths.run_dir / "logs", rendezvous) if not args.slurm_script else []
+    cmd = torchrun_command(recipe, megatron_argv, run_paths.layout.logs, rendezvous) if not args.slurm_script else []
 
     print(
         f"recipe: {recipe.name} ({recipe.description}); model {model.name}, {recipe.world_size} GPU(s), "
@@ -333,9 +334,9 @@ def _dry_run_status(report) -> int:
 
 def _write_run_files(run: RunPaths, model, recipe: Recipe, command: str) -> None:
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    run.model_config_file.write_text(json.dumps(model.to_dict(), indent=2))
-    (run.run_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
-    (run.run_dir / "command.sh").write_text(command + "\n")
+    run.layout.model_config.write_text(json.dumps(model.to_dict(), indent=2))
+    run.layout.recipe.write_text(json.dumps(recipe.to_dict(), indent=2))
+    run.layout.command.write_text(command + "\n")
 
 
 def _ensure_data(data: DataChoice, vocab_size: int) -> None:
@@ -357,8 +358,8 @@ def _ensure_data(data: DataChoice, vocab_size: int) -> None:
 def _summarize(run: RunPaths, model, recipe: Recipe) -> None:
     from nam56r.runlog import summarize_run
 
-    summary = summarize_run(run.tensorboard_dir, model, model.seq_length, recipe.world_size, run.run_dir)
-    print(f"summary: {run.run_dir / 'summary.json'}; plot: {run.run_dir / 'loss_throughput.png'}")
+    summary = summarize_run(run.layout.tensorboard, model, model.seq_length, recipe.world_size, run.run_dir)
+    print(f"summary: {run.layout.summary}; plot: {run.layout.plot}")
     print(summary)
 
 

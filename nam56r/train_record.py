@@ -20,11 +20,10 @@ from pathlib import Path
 from nam56r_patchlane.errors import PatchlaneError
 from nam56r_patchlane.manifest import TrainRecord, append_record, host_stamp, now_utc
 
-from nam56r.runlog import LOSS_TAG, SUMMARY_FILE, headline
+from nam56r.run_dir import RunDir
+from nam56r.runlog import LOSS_TAG, headline
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMAND_FILE = "command.sh"
-RECIPE_FILE = "recipe.json"
 
 
 def checkout_commit(root: Path = ROOT) -> tuple[str, bool]:
@@ -50,9 +49,9 @@ def _loss(value: float | None) -> float:
 
 def train_record(run_dir: Path, summary_file: Path | None = None, python: str = sys.executable) -> TrainRecord:
     """The record of the nam56r.train run in `run_dir`, from its summary (default RUN_DIR/summary.json)."""
-    summary = _read_json(summary_file or run_dir / SUMMARY_FILE, f"summarize the run first (python -m nam56r.runlog {run_dir})")
-    recipe = _read_json(run_dir / RECIPE_FILE, "not a run directory of nam56r.train, which writes it at launch")
-    command_path = run_dir / COMMAND_FILE
+    summary = _read_json(summary_file or RunDir(run_dir).summary, f"summarize the run first (python -m nam56r.runlog {run_dir})")
+    recipe = _read_json(RunDir(run_dir).recipe, "not a run directory of nam56r.train, which writes it at launch")
+    command_path = RunDir(run_dir).command
     if not command_path.is_file():
         raise FileNotFoundError(f"{command_path} not found: not a run directory of nam56r.train, which writes it at launch")
     if LOSS_TAG not in summary["losses"]:

@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from nam56r.bench.harness import BenchError, Context, Row, cuda_time_ms, require_gpu
+from nam56r.run_dir import RunDir
 from nam56r.runlog import headline
 
 # The full NAM56R on one GPU: the 8-GPU bf16 recipe, one GPU, no expert parallelism.
@@ -75,7 +76,7 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, extra: tup
             first_step_s = time.perf_counter() - start
             print(f"[train] first step after {first_step_s:.1f} s", flush=True)
     code = proc.wait()
-    summary_file = run_dir / "summary.json"
+    summary_file = RunDir(run_dir).summary
     summary = json.loads(summary_file.read_text()) if code == 0 and summary_file.exists() else None
     return {"exit": code, "wall_s": time.perf_counter() - start, "first_step_s": first_step_s, "summary": summary, "tail": tail}
 

@@ -31,7 +31,7 @@ def write_train_run(run_dir: Path, steps: range, recipe_steps: int = 20, loss: C
     model = recipe.model_config()
     run = RunPaths(run_dir=run_dir, save=run_dir / "checkpoints", load=None)
     _write_run_files(run, model, recipe, COMMAND.format(steps=recipe_steps))
-    writer = SummaryWriter(log_dir=str(run.tensorboard_dir))
+    writer = SummaryWriter(log_dir=str(run.layout.tensorboard))
     start = time.time()
     for index, step in enumerate(steps):
         wall = start + first_step_after_s + 0.5 * index
