@@ -74,9 +74,9 @@ class ResumeResult:
 
 def build_tiny_data(out: Path, vocab_size: int, max_docs: int = 600) -> Path:
     """A small corpus (the first `max_docs` PyTorch headers) in `out`, unless one is already there."""
-    from nam56r.data import CorpusConfig, build, torch_include_dir
+    from nam56r.data import MANIFEST, CorpusConfig, build, torch_include_dir
 
-    if not (out / "data.json").is_file():
+    if not (out / MANIFEST).is_file():
         build(out, vocab_size, CorpusConfig(sources=(torch_include_dir(),), max_docs=max_docs))
     return out
 

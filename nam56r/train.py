@@ -133,13 +133,13 @@ class DataChoice:
 def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
     """The data the run reads: --data (a directory with data.json, or a prefix with --tokenizer), else
     the default corpus for the model's vocab size (possibly not built yet)."""
-    from nam56r.data import default_data_dir
+    from nam56r.data import MANIFEST, SPLIT_PREFIXES, TOKENIZER_DIR, default_data_dir
 
     if args.data is None:
         directory = default_data_dir(vocab_size)
-        if not (directory / "data.json").is_file():
+        if not (directory / MANIFEST).is_file():
             build = f"python -m nam56r.data build --vocab-size {vocab_size} --out {directory}"
-            placeholder = DataPaths(directory / "train_text_document", directory / "valid_text_document", directory / "tokenizer")
+            placeholder = DataPaths(directory / SPLIT_PREFIXES["train"], directory / SPLIT_PREFIXES["valid"], directory / TOKENIZER_DIR)
             return DataChoice(placeholder, False, f"default C/C++ corpus not built yet; the launch builds it first ({build})")
         return DataChoice(_built_data(directory, vocab_size), True, f"default corpus {directory}")
     if args.data.is_dir():
