@@ -430,7 +430,8 @@ def _run_model_and_world(run_dir: Path, preset: str | None, world_size: int | No
     a preset stands in only where the run has no model_config.json."""
     from nam56r.presets import get_preset
 
-    model_file, recipe_file = RunDir(run_dir).model_config, RunDir(run_dir).recipe
+    layout = RunDir(run_dir)
+    model_file, recipe_file = layout.model_config, layout.recipe
     if model_file.is_file():
         config = ModelConfig.from_dict(json.loads(model_file.read_text()))
         if preset is not None and preset != config.name:

@@ -49,9 +49,10 @@ def _loss(value: float | None) -> float:
 
 def train_record(run_dir: Path, summary_file: Path | None = None, python: str = sys.executable) -> TrainRecord:
     """The record of the nam56r.train run in `run_dir`, from its summary (default RUN_DIR/summary.json)."""
-    summary = _read_json(summary_file or RunDir(run_dir).summary, f"summarize the run first (python -m nam56r.runlog {run_dir})")
-    recipe = _read_json(RunDir(run_dir).recipe, "not a run directory of nam56r.train, which writes it at launch")
-    command_path = RunDir(run_dir).command
+    layout = RunDir(run_dir)
+    summary = _read_json(summary_file or layout.summary, f"summarize the run first (python -m nam56r.runlog {run_dir})")
+    recipe = _read_json(layout.recipe, "not a run directory of nam56r.train, which writes it at launch")
+    command_path = layout.command
     if not command_path.is_file():
         raise FileNotFoundError(f"{command_path} not found: not a run directory of nam56r.train, which writes it at launch")
     if LOSS_TAG not in summary["losses"]:
