@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from nam56r_patchlane.errors import PatchlaneError
-from nam56r_patchlane.manifest import TrainRecord, append_record, host_stamp, now_utc
+from nam56r_patchlane.manifest import MANIFEST_RELATIVE_PATH, TrainRecord, append_record, host_stamp, now_utc
 
 from nam56r.run_dir import RunDir
 from nam56r.runlog import LOSS_TAG, headline
@@ -27,14 +27,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def checkout_commit(root: Path = ROOT) -> tuple[str, bool]:
-    """(HEAD of the checkout at `root`, whether its tracked files differ from it)."""
+    """(HEAD of the checkout at `root`, whether its tracked files differ from it).
+
+    The manifest itself does not count: the records of a check (packs, tests, runs) are appended to it while
+    the check runs, and a later record would otherwise call the same code dirty."""
     def git(*args: str) -> str:
         proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
         if proc.returncode != 0:
             raise ValueError(f"{root}: `git {' '.join(args)}` failed ({proc.stderr.strip()}): a train record needs the commit that trained")
         return proc.stdout.strip()
 
-    return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){MANIFEST_RELATIVE_PATH.as_posix()}")
+    return git("rev-parse", "HEAD"), bool(changed)
 
 
 def _read_json(path: Path, what: str) -> dict:
