@@ -2,10 +2,10 @@
 
   nox -s build              materialize + patch + install the pinned upstreams into .venv
   nox -s tests              build, then the CPU test suite in that same environment
-  nox -s data -- ARGS       build the default C/C++ training corpus (python -m nam56r.data build ARGS)
-  nox -s train -- ARGS      train (python -m nam56r.train ARGS), e.g. `-- --recipe proxy-1gpu --dry-run`
-  nox -s bench -- ARGS      benchmarks (python -m nam56r.bench ARGS): `-- --list`, `-- tooling`, `-- kernels` ...
-  nox -s gpu-check -- ARGS  a GPU node's acceptance check (python -m nam56r.gpu_check): GPU tests, GPU packs, tiny train + resume
+  nox -s data -- ARGS       build the default C/C++ training corpus (python -m nam56r.training.data build ARGS)
+  nox -s train -- ARGS      train (python -m nam56r.training.train ARGS), e.g. `-- --recipe proxy-1gpu --dry-run`
+  nox -s bench -- ARGS      benchmarks (python -m nam56r_bench ARGS): `-- --list`, `-- tooling`, `-- kernels` ...
+  nox -s gpu-check -- ARGS  a GPU node's acceptance check (python -m nam56r.training.gpu_check): GPU tests, GPU packs, tiny train + resume
   nox -s lint               ruff
   nox -s patches -- CMD     the patch-lane CLI (tools/apply_patches.py CMD), e.g. `-- status`, `-- check`
   nox -s packs -- CMD       the filing-pack CLI (tools/packs.py CMD), e.g. `-- list`, `-- run ID`, `-- waves`
@@ -104,7 +104,7 @@ def data(session: nox.Session) -> None:
     """Build the default training corpus (PyTorch's C++ headers, byte-level BPE, Megatron .bin/.idx): `-- --help`."""
     _build(session)
     _venv_install(session, *TRAIN_REQUIREMENTS)
-    session.run(str(VENV_PYTHON), "-m", "nam56r.data", *(session.posargs or ["build"]), external=True)
+    session.run(str(VENV_PYTHON), "-m", "nam56r.training.data", *(session.posargs or ["build"]), external=True)
 
 
 @nox.session
@@ -112,7 +112,7 @@ def train(session: nox.Session) -> None:
     """Train NAM56R: `-- --recipe NAME [--dry-run] [overrides]` (`-- --help`, `-- --list`)."""
     _build(session)
     _venv_install(session, *TRAIN_REQUIREMENTS)
-    session.run(str(VENV_PYTHON), "-m", "nam56r.train", *session.posargs, external=True)
+    session.run(str(VENV_PYTHON), "-m", "nam56r.training.train", *session.posargs, external=True)
 
 
 @nox.session
@@ -120,7 +120,7 @@ def bench(session: nox.Session) -> None:
     """Benchmark suites, JSON + PNG per suite under docs/bench/ (`-- --list` shows them and what each needs)."""
     _build(session)
     _venv_install(session, *TRAIN_REQUIREMENTS)
-    session.run(str(VENV_PYTHON), "-m", "nam56r.bench", *session.posargs, external=True)
+    session.run(str(VENV_PYTHON), "-m", "nam56r_bench", *session.posargs, external=True)
 
 
 @nox.session
@@ -150,10 +150,10 @@ def packs(session: nox.Session) -> None:
 
 @nox.session(name="gpu-check")
 def gpu_check(session: nox.Session) -> None:
-    """A GPU node's acceptance check (python -m nam56r.gpu_check): GPU tests, GPU packs, tiny train + resume; one JSON summary."""
+    """A GPU node's acceptance check (python -m nam56r.training.gpu_check): GPU tests, GPU packs, tiny train + resume; one JSON summary."""
     _build(session)
     _venv_install(session, *TEST_REQUIREMENTS, *TRAIN_REQUIREMENTS)
-    session.run(str(VENV_PYTHON), "-m", "nam56r.gpu_check", *session.posargs, external=True)
+    session.run(str(VENV_PYTHON), "-m", "nam56r.training.gpu_check", *session.posargs, external=True)
 
 
 nox.session(name="gpu_check")(gpu_check)  # nox matches a session's name exactly: both spellings run it

@@ -1,18 +1,21 @@
-"""NAM56R: the hybrid Mamba-3 / MLA / DSA / MoE model, its recipe and launcher, on the patched Megatron.
+"""NAM56R: the hybrid Mamba-3 / MLA / DSA / MoE model (`nam56r.model`) and the training that turns a recipe
+into a run (`nam56r.training`), on the patched Megatron.
 
-This package imports the patched upstreams (built by `nox -s build`) and the fused kernels in
-`nam56r_kernels`. It is the only place that knows the model.
+The model imports the patched upstreams (built by `nox -s build`) and the fused kernels in `nam56r_kernels`;
+the training imports the model and the patch lane's pure readers (`nam56r_patchlane`).
 """
 
 import importlib.util as _importlib_util
 import os as _os
 import warnings as _warnings
+from pathlib import Path as _Path
 
-VERBOSE_ENV = "NAM56R_VERBOSE"  # set (to 1) by `nam56r.train --verbose`: every upstream warning shows
+CHECKOUT_ROOT = _Path(__file__).resolve().parent.parent  # the checkout this package is installed from (editable)
+VERBOSE_ENV = "NAM56R_VERBOSE"  # set (to 1) by `nam56r.training.train --verbose`: every upstream warning shows
 
 # Without TransformerEngine and Apex, Megatron warns at import of each of a dozen modules that it uses
 # its local implementations. NAM56R chooses its backend explicitly and says so once
-# (`nam56r.specs.resolve_backend`), so these repeat what the run already states; no other warning is hidden.
+# (`nam56r.model.specs.resolve_backend`), so these repeat what the run already states; no other warning is hidden.
 KNOWN_WARNINGS = (
     r"Transformer Engine and Apex are not installed\. Falling back to",
     r"Apex is not installed\. Falling back to Torch Norm",

@@ -6,7 +6,7 @@ A Shared layer reuses a cached top-k only when the entry belongs to the current 
 otherwise `lookup` returns no entry and the reason, and the layer computes its own top-k. It
 never reuses a stale or wrong-shaped entry.
 
-Torch only: the Megatron attention that consults this lives in `nam56r.dsa_index_cache`.
+Torch only: the Megatron attention that consults this lives in `nam56r.model.dsa_index_cache`.
 """
 
 from __future__ import annotations

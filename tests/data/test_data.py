@@ -1,4 +1,4 @@
-"""The default data pipeline (`python -m nam56r.data build/check`) and the converter for users' data,
+"""The default data pipeline (`python -m nam56r.training.data build/check`) and the converter for users' data,
 read back through Megatron's own IndexedDataset, tokenizer and GPTDataset. CPU only; builds a
 60-header, 512-token subset of the default corpus."""
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nam56r.data import (
+from nam56r.training.data import (
     EOD_TOKEN,
     CorpusConfig,
     build,
@@ -25,7 +25,7 @@ from nam56r.data import (
     torch_include_dir,
     write_indexed_dataset,
 )
-from nam56r.data_convert import ConvertConfig, RowError, convert
+from nam56r.training.data_convert import ConvertConfig, RowError, convert
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_DOCS, VOCAB = 60, 512
@@ -46,7 +46,7 @@ def subset_config(max_docs: int = MAX_DOCS) -> CorpusConfig:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cpp-headers")
-    build(out, VOCAB, subset_config(), command=["python", "-m", "nam56r.data", "build", "--max-docs", str(MAX_DOCS)])
+    build(out, VOCAB, subset_config(), command=["python", "-m", "nam56r.training.data", "build", "--max-docs", str(MAX_DOCS)])
     return out
 
 
@@ -104,7 +104,7 @@ def test_manifest_records_counts_checksums_and_tokenizer(built: Path, hf_tokeniz
     assert raw["eod_id"] == hf_tokenizer.eos_token_id == hf_tokenizer.convert_tokens_to_ids(EOD_TOKEN)
     assert raw["dtype"] == "uint16"
     assert raw["sources"] == [str(torch_include_dir())] and raw["max_docs"] == MAX_DOCS
-    assert raw["command"] == f"python -m nam56r.data build --max-docs {MAX_DOCS}"
+    assert raw["command"] == f"python -m nam56r.training.data build --max-docs {MAX_DOCS}"
     assert raw["sha256"] == {name: sha256_file(built / name) for name in raw["sha256"]} and len(raw["sha256"]) == 4
 
     manifest = read_data_manifest(built)
@@ -134,7 +134,7 @@ def test_rebuild_is_identical_and_refused_without_force(built: Path, tmp_path: P
 
 
 def test_missing_data_names_the_build_command(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=rf"no training data in {tmp_path}.*python -m nam56r.data build --out {tmp_path}"):
+    with pytest.raises(FileNotFoundError, match=rf"no training data in {tmp_path}.*python -m nam56r.training.data build --out {tmp_path}"):
         read_data_manifest(tmp_path)
 
 
@@ -161,7 +161,7 @@ def test_gpt_dataset_draws_sequences_from_the_train_prefix(built: Path, tmp_path
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-    from nam56r.data import load_megatron_tokenizer
+    from nam56r.training.data import load_megatron_tokenizer
 
     manifest, seq = read_data_manifest(built), 64
     config = GPTDatasetConfig(
@@ -202,7 +202,7 @@ def test_extra_sources_skips_and_unreached_vocab_are_reported(tmp_path: Path) ->
     reached = manifest["vocab_size"]["reached"]
     assert manifest["vocab_size"]["requested"] == 5000 and 257 < reached < 5000  # reported, never padded
     assert read_data_manifest(out).vocab_size == reached
-    from nam56r.data import load_megatron_tokenizer
+    from nam56r.training.data import load_megatron_tokenizer
 
     assert load_megatron_tokenizer(out / "tokenizer").vocab_size == reached
     from transformers import AutoTokenizer

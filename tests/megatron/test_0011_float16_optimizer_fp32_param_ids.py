@@ -59,9 +59,9 @@ def cpu_stands_in_for_cuda(monkeypatch) -> None:
 @pytest.fixture(scope="module")
 def run_args():
     """Megatron's parsed and validated args for the tiny-1gpu recipe, as the launcher passes them."""
-    pytest.importorskip("nam56r.model")
-    from nam56r.megatron_args import DataPaths, RunPaths, lower, megatron_validate
-    from nam56r.recipe import get_recipe
+    pytest.importorskip("nam56r.model.model")
+    from nam56r.training.megatron_args import DataPaths, RunPaths, lower, megatron_validate
+    from nam56r.training.recipe import get_recipe
 
     recipe = get_recipe("tiny-1gpu")
     data = DataPaths(Path("/data/train_text_document"), None, Path("/data/tokenizer"))
@@ -80,7 +80,7 @@ def build_chunk_and_optimizer(recipe, args, seed: int):
     from megatron.core.transformer.module import Float16Module
     from megatron.training.training import get_megatron_ddp_config, get_megatron_optimizer_config
 
-    from nam56r.model import build_model
+    from nam56r.model.model import build_model
 
     torch.manual_seed(seed)
     model = build_model(recipe.model_config(), "local", device="cpu").model

@@ -18,8 +18,8 @@ For the last iteration's save only, `--kill-at-open GLOB` SIGKILLs this process 
 opens for writing a file whose path under DIR matches GLOB, and `--kill-at-write GLOB` just after
 the open, at the first `write` call on it (both print `KILL_POINT path` to stderr first).
 `--log-opens FILE` appends every path under DIR opened for writing, in order, to FILE.
-`--explain-save-failures` wraps the saves in `nam56r.run_faults.explain_save_failures`,
-as `nam56r.pretrain` wraps Megatron's `pretrain`.
+`--explain-save-failures` wraps the saves in `nam56r.training.run_faults.explain_save_failures`,
+as `nam56r.training.pretrain` wraps Megatron's `pretrain`.
 
 Output lines (stdout), one JSON object after the tag:
   SAVED {"iteration": N, "checksum": C, "moments": M}       after each completed save
@@ -159,9 +159,9 @@ class TinyRun:
             get_optimizer_param_scheduler,
         )
 
-        from nam56r.megatron_args import DataPaths, RunPaths, lower, megatron_validate
-        from nam56r.model import build_model, single_process_groups
-        from nam56r.recipe import get_recipe
+        from nam56r.model.model import build_model, single_process_groups
+        from nam56r.training.megatron_args import DataPaths, RunPaths, lower, megatron_validate
+        from nam56r.training.recipe import get_recipe
 
         recipe = get_recipe("tiny-1gpu")
         data = DataPaths(Path("/data/train_text_document"), None, Path("/data/tokenizer"))
@@ -234,7 +234,7 @@ def cmd_save(opts: argparse.Namespace) -> int:
         log_opens_for_writing(opts.save, opts.log_opens)
     explain = contextlib.nullcontext()
     if opts.explain_save_failures:
-        from nam56r.run_faults import explain_save_failures
+        from nam56r.training.run_faults import explain_save_failures
 
         explain = explain_save_failures(str(opts.save))
     with explain:

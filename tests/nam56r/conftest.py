@@ -23,8 +23,8 @@ def tiny_cpu_model(megatron_built):
     """nam56r-tiny with real CPU tensors (IndexCache on: 1 Full + 2 Shared DSA layers)."""
     import torch
 
-    from nam56r.model import build_model
-    from nam56r.presets import get_preset
+    from nam56r.model.model import build_model
+    from nam56r.model.presets import get_preset
 
     torch.manual_seed(0)
     return build_model(get_preset("nam56r-tiny"), "local", device="cpu")

@@ -1,4 +1,4 @@
-"""nam56r.bench: the suite list, GPU suites refusing on a CPU host, the tooling suite end to end (a real
+"""nam56r_bench: the suite list, GPU suites refusing on a CPU host, the tooling suite end to end (a real
 fresh-clone build), and the pieces the GPU suites report with (ratios, plots, profiler traces)."""
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from nam56r.bench.harness import Row, ratios, write_suite
-from nam56r.bench.suites import SUITES
+from nam56r_bench.harness import Row, ratios, write_suite
+from nam56r_bench.suites import SUITES
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nam56r.bench", *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    return subprocess.run([sys.executable, "-m", "nam56r_bench", *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
 def test_list_shows_every_suite_and_what_it_needs() -> None:
@@ -81,7 +80,7 @@ def test_ratios_compare_each_candidate_with_the_fastest_baseline() -> None:
 
 
 def test_write_suite_stamps_and_plots(tmp_path: Path) -> None:
-    from nam56r.bench.harness import Context
+    from nam56r_bench.harness import Context
 
     rows = [Row("a", "reference", time_ms=2.0, peak_extra_bytes=2 << 30), Row("a", "fused", time_ms=1.0, max_error=1e-6)]
     host = {"gpu": "NVIDIA H100", "commit": "0" * 40}
@@ -92,7 +91,7 @@ def test_write_suite_stamps_and_plots(tmp_path: Path) -> None:
 
 
 def test_top_kernels_sums_cuda_kernel_time_across_traces(tmp_path: Path) -> None:
-    from nam56r.bench.training import top_kernels
+    from nam56r_bench.training import top_kernels
 
     def trace(name: str, events: list[dict], zipped: bool) -> None:
         payload = json.dumps({"traceEvents": events})
@@ -114,13 +113,14 @@ def test_top_kernels_sums_cuda_kernel_time_across_traces(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("recipe", ["proxy", "nam56r"])
 def test_bench_training_runs_save_no_checkpoint(recipe: str, tmp_path: Path, megatron_built, capsys: pytest.CaptureFixture) -> None:
-    """Each bench run is the users' command, which nam56r.train's own parser and Megatron's accept
+    """Each bench run is the users' command, which nam56r.training.train's own parser and Megatron's accept
     (dry run); it saves nothing (a proxy checkpoint takes about 44 GiB, several would fill a node's disk)."""
-    from nam56r.bench.training import train_command
-    from nam56r.train import main as train_main
+    from nam56r_bench.training import train_command
+
+    from nam56r.training.train import main as train_main
 
     command = train_command(recipe, tmp_path / "run", mbs=2, steps=3)
-    assert command[1:3] == ["-m", "nam56r.train"]
+    assert command[1:3] == ["-m", "nam56r.training.train"]
     assert train_main([*command[3:], "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "checkpoints: none (--no-save)" in out
@@ -128,7 +128,7 @@ def test_bench_training_runs_save_no_checkpoint(recipe: str, tmp_path: Path, meg
 
 
 def test_a_micro_batch_try_reads_a_real_run_summary() -> None:
-    from nam56r.bench.training import _attempt
+    from nam56r_bench.training import _attempt
 
     summary = json.loads((ROOT / "docs" / "train" / "proxy-1gpu-h200.json").read_text())
     tried = _attempt({"exit": 0, "summary": summary, "first_step_s": 202.0, "tail": []})
@@ -138,7 +138,7 @@ def test_a_micro_batch_try_reads_a_real_run_summary() -> None:
 
 
 def test_a_micro_batch_try_that_ran_out_of_memory_says_so() -> None:
-    from nam56r.bench.training import _attempt
+    from nam56r_bench.training import _attempt
 
     tail = ["[default0]: step 1", "[default0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB", "exit"]
     assert _attempt({"exit": 1, "summary": None, "first_step_s": None, "tail": tail}) == {
@@ -146,8 +146,8 @@ def test_a_micro_batch_try_that_ran_out_of_memory_says_so() -> None:
 
 
 def test_model_option_picks_the_training_suites_models(tmp_path: Path) -> None:
-    from nam56r.bench.harness import Context
-    from nam56r.bench.training import models
+    from nam56r_bench.harness import Context
+    from nam56r_bench.training import models
 
     assert models(Context(tmp_path, quick=False)) == ("proxy", "nam56r")
     assert models(Context(tmp_path, quick=True)) == ("proxy",)
@@ -159,9 +159,8 @@ def test_model_option_picks_the_training_suites_models(tmp_path: Path) -> None:
 def test_bench_results_carry_the_manifests_host_stamp() -> None:
     from dataclasses import asdict
 
+    from nam56r_bench.harness import stamp
     from nam56r_patchlane.manifest import host_stamp
-
-    from nam56r.bench.harness import stamp
 
     host = stamp()
     assert {key: host[key] for key in asdict(host_stamp(sys.executable))} == asdict(host_stamp(sys.executable))

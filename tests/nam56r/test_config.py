@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from nam56r.config import Mamba3Config, MoEConfig
-from nam56r.presets import PRESETS, get_preset
+from nam56r.model.config import Mamba3Config, MoEConfig
+from nam56r.model.presets import PRESETS, get_preset
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -1,10 +1,10 @@
-"""Bad data is refused by `python -m nam56r.train` before any GPU work, dry runs included, with exit
+"""Bad data is refused by `python -m nam56r.training.train` before any GPU work, dry runs included, with exit
 status 2 and a message naming the file and the command that makes it again: a truncated, padded or
 corrupt .bin/.idx (train or valid), an empty corpus, token ids or a tokenizer past the model's
-vocabulary, documents without EOD, a --data path that does not exist. `nam56r.data build` over
+vocabulary, documents without EOD, a --data path that does not exist. `nam56r.training.data build` over
 sources with no usable file fails and leaves an earlier build whole.
 
-Each fault is planted in a real corpus made by `nam56r.data build` or `convert` (Megatron's own
+Each fault is planted in a real corpus made by `nam56r.training.data build` or `convert` (Megatron's own
 writer), and the real launcher runs on it."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nam56r.data import BUILD_COMMAND
-from nam56r.train import main as train_main
+from nam56r.training.data import BUILD_COMMAND
+from nam56r.training.train import main as train_main
 
 TINY_VOCAB = 512  # the tiny recipe's vocabulary
 TRAIN, VALID = "train_text_document", "valid_text_document"
@@ -28,7 +28,7 @@ TRAIN, VALID = "train_text_document", "valid_text_document"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, megatron_built) -> Path:
-    from nam56r.data import CorpusConfig, build, torch_include_dir
+    from nam56r.training.data import CorpusConfig, build, torch_include_dir
 
     out = tmp_path_factory.mktemp("data") / "cpp"
     build(out, TINY_VOCAB, CorpusConfig(sources=(torch_include_dir(),), max_docs=20))  # no command recorded
@@ -58,7 +58,7 @@ def _refused(data: Path, *extra: str) -> str:
 
 def _rebuild(data: Path) -> str:
     """The fix a refusal names for the built corpus in `data`: the build command its data.json describes, writing to `data`."""
-    from nam56r.data import torch_include_dir
+    from nam56r.training.data import torch_include_dir
 
     return (f"make it again with `{BUILD_COMMAND} --out {data} --vocab-size {TINY_VOCAB} --source {torch_include_dir().resolve()} "
             f"--max-docs 20 --valid-fraction 0.02 --force`")
@@ -133,7 +133,7 @@ def test_an_index_whose_pointers_do_not_follow_its_lengths_is_refused(data: Path
 
 @pytest.mark.parametrize("documents", [[], [[]]], ids=["no-documents", "empty-documents"])
 def test_an_empty_corpus_is_refused(data: Path, documents: list) -> None:
-    from nam56r.data import write_indexed_dataset
+    from nam56r.training.data import write_indexed_dataset
 
     prefix = data / TRAIN
     write_indexed_dataset(prefix, documents, np.uint16)
@@ -203,8 +203,8 @@ def test_a_built_corpus_of_another_vocabulary_is_refused(data: Path) -> None:
 
 
 def test_a_converted_prefix_names_the_command_that_made_it(data: Path, tmp_path: Path) -> None:
-    """`nam56r.data convert` records its command in <prefix>.json; a damaged prefix (here the valid one) names it."""
-    from nam56r.data import main as data_main
+    """`nam56r.training.data convert` records its command in <prefix>.json; a damaged prefix (here the valid one) names it."""
+    from nam56r.training.data import main as data_main
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"text": f"int f{i}(void) {{ return {i}; }}\n" * 20}) + "\n" for i in range(40)))
@@ -220,7 +220,7 @@ def test_a_converted_prefix_names_the_command_that_made_it(data: Path, tmp_path:
         f.truncate(10)
     err = _refused(prefix, "--valid-data", str(valid), "--tokenizer", str(data / "tokenizer"))
     assert f"{valid}.bin is truncated" in err
-    assert f"make it again with `{shlex.join(['python', '-m', 'nam56r.data', *argv])}` (add --force to overwrite)" in err
+    assert f"make it again with `{shlex.join(['python', '-m', 'nam56r.training.data', *argv])}` (add --force to overwrite)" in err
 
 
 @pytest.mark.parametrize("name", ["nowhere", "nowhere/"])
@@ -244,7 +244,7 @@ def test_tokenizer_or_valid_data_beside_a_data_directory_is_refused(data: Path) 
 
 @pytest.mark.parametrize("files", [{}, {"empty.h": b"", "latin1.h": b"caf\xe9\n"}], ids=["no-files", "only-unusable-files"])
 def test_build_over_sources_with_no_usable_file_fails_and_keeps_the_earlier_build(data: Path, tmp_path: Path, files: dict) -> None:
-    from nam56r.data import main as data_main
+    from nam56r.training.data import main as data_main
 
     source = tmp_path / "src"
     source.mkdir()
@@ -263,9 +263,10 @@ def test_a_copied_corpus_names_its_recorded_build_command_writing_where_it_is_no
     """data.json records the command that built it (`--out` the original directory); the fix rebuilds the copy read."""
     manifest = data / "data.json"
     raw = json.loads(manifest.read_text())
-    raw["command"] = shlex.join(["python", "-m", "nam56r.data", "build", "--vocab-size", str(TINY_VOCAB), "--out", str(built)])
+    raw["command"] = shlex.join(["python", "-m", "nam56r.training.data", "build", "--vocab-size", str(TINY_VOCAB), "--out", str(built)])
     manifest.write_text(json.dumps(raw))
     with open(data / f"{TRAIN}.bin", "r+b") as f:
         f.truncate(0)
     err = _refused(data)
-    assert f"make it again with `python -m nam56r.data build --vocab-size {TINY_VOCAB} --out {data}` (add --force to overwrite)" in err
+    rebuild = f"python -m nam56r.training.data build --vocab-size {TINY_VOCAB} --out {data}"
+    assert f"make it again with `{rebuild}` (add --force to overwrite)" in err

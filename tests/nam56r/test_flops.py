@@ -1,5 +1,5 @@
-"""nam56r.flops: the matmul part of every component against the weights of the model Megatron
-builds (meta device, through nam56r.params), and how the attention/indexer/scan terms scale."""
+"""nam56r.model.flops: the matmul part of every component against the weights of the model Megatron
+builds (meta device, through nam56r.model.params), and how the attention/indexer/scan terms scale."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from nam56r.flops import (
+from nam56r.model.flops import (
     MATMUL,
     causal_keys_per_query,
     flops_per_token,
@@ -19,7 +19,7 @@ from nam56r.flops import (
     sparse_keys_per_query,
     step_flops,
 )
-from nam56r.presets import get_preset
+from nam56r.model.presets import get_preset
 
 SEQ = 4096
 
@@ -38,11 +38,11 @@ _built: dict[str, tuple] = {}
 
 
 def weights_of(case: str):
-    """(config, 2-D weights per nam56r.params row, weights of IndexCache Shared layers' indexers,
+    """(config, 2-D weights per nam56r.model.params row, weights of IndexCache Shared layers' indexers,
     non-matmul parameters, of which in Shared indexers, ParamCounts) of the model Megatron builds."""
     if case not in _built:
-        from nam56r.model import build_model
-        from nam56r.params import _LAYER, component_of, count_parameters
+        from nam56r.model.model import build_model
+        from nam56r.model.params import _LAYER, component_of, count_parameters
 
         config = CASES[case]()
         built = build_model(config, "local", device="meta")
@@ -89,7 +89,7 @@ def test_matmul_part_is_six_times_the_active_weights_of_each_component(case: str
 def test_matmul_total_agrees_with_the_active_parameter_count(case: str, megatron_built) -> None:
     config, weights, shared_indexer_weights, non_matmul, shared_non_matmul, counts = weights_of(case)
     assert sum(weights.values()) + non_matmul == counts.total
-    # nam56r.params' `active` less the parameters that are not GEMM weights, less the token embedding
+    # nam56r.model.params' `active` less the parameters that are not GEMM weights, less the token embedding
     active_matmul = counts.active - (non_matmul - shared_non_matmul) - counts.rows["token embedding"]
     full_indexer_weights = weights.get("dsa indexer", 0) - shared_indexer_weights
     mtp_heads = config.mtp.depths * counts.rows["output layer"]
@@ -99,7 +99,7 @@ def test_matmul_total_agrees_with_the_active_parameter_count(case: str, megatron
 
 def test_indexer_loss_counted_as_megatron_is_configured(megatron_built) -> None:
     """The loss target counts the keys Megatron's indexer loss reads: top-k with the sparse loss."""
-    from nam56r.model import megatron_config
+    from nam56r.model.model import megatron_config
 
     config = get_preset("nam56r")
     assert megatron_config(config, meta=True).dsa_indexer_use_sparse_loss is config.dsa.sparse_indexer_loss is True
@@ -190,7 +190,7 @@ def test_step_flops_and_bad_arguments() -> None:
 
 def test_cli_prints_every_component_and_the_step_total() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "nam56r.flops", "--preset", "nam56r-proxy", "--seq", "4096", "--global-batch", "64"],
+        [sys.executable, "-m", "nam56r.model.flops", "--preset", "nam56r-proxy", "--seq", "4096", "--global-batch", "64"],
         capture_output=True,
         text=True,
         check=True,

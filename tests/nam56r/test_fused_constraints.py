@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nam56r.config import ModelConfig
-from nam56r.fused_constraints import effective_topk, fused_kernel_violations
-from nam56r.presets import get_preset
-from nam56r.recipe import RECIPES, RecipeError, get_recipe
+from nam56r.model.config import ModelConfig
+from nam56r.model.fused_constraints import effective_topk, fused_kernel_violations
+from nam56r.model.presets import get_preset
+from nam56r.training.recipe import RECIPES, RecipeError, get_recipe
 
 
 def _tiny(**changes: dict) -> ModelConfig:

@@ -1,6 +1,6 @@
-"""`python -m nam56r.gpu_check` on CPU: its options, its refusal without a GPU, and each part's summary
+"""`python -m nam56r.training.gpu_check` on CPU: its options, its refusal without a GPU, and each part's summary
 assembled from real sub-results (a real pytest run, a real `tools/packs.py run` on the fake upstream,
-run directories written by nam56r.train's and nam56r.runlog's own writers, a real failed launch)."""
+run directories written by nam56r.training.train's and nam56r.training.runlog's own writers, a real failed launch)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from trainrun_testlib import lm_loss, write_train_run
 
-from nam56r.gpu_check import (
+from nam56r.training.gpu_check import (
     COVERED_BY_TRAIN,
     Options,
     main,
@@ -27,8 +27,8 @@ from nam56r.gpu_check import (
     run_check,
     train_summary,
 )
-from nam56r.logged_run import LoggedRun
-from nam56r.resume_check import ResumeCheck, TrainRun, assess
+from nam56r.training.logged_run import LoggedRun
+from nam56r.training.resume_check import ResumeCheck, TrainRun, assess
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "tools"))  # the fake upstream and fake pack of the patch-lane tests
@@ -65,7 +65,7 @@ def test_refuses_to_run_without_a_cuda_gpu(tmp_path: Path) -> None:
     # Every part skipped and nothing recorded: were the refusal broken, nothing would touch this checkout.
     harmless = ["--skip-tests", "--skip-packs", "--skip-train", "--no-record"]
 
-    proc = subprocess.run([sys.executable, "-m", "nam56r.gpu_check", "--out-dir", str(tmp_path / "out"), *harmless],
+    proc = subprocess.run([sys.executable, "-m", "nam56r.training.gpu_check", "--out-dir", str(tmp_path / "out"), *harmless],
                           capture_output=True, text=True, env=env, cwd=ROOT)
 
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -180,7 +180,7 @@ def test_packs_part_has_each_packs_verdict_and_the_records_it_appended(packed_la
 
 def _run(name: str, run_dir: Path) -> TrainRun:
     """A run directory written without a launch: the launch it stands for exited 0."""
-    launch = LoggedRun(["python", "-m", "nam56r.train", "--run-dir", str(run_dir)], 0, 1.0, run_dir.with_suffix(".log"))
+    launch = LoggedRun(["python", "-m", "nam56r.training.train", "--run-dir", str(run_dir)], 0, 1.0, run_dir.with_suffix(".log"))
     return TrainRun(name, run_dir, launch)
 
 
@@ -219,7 +219,7 @@ def test_train_part_fails_when_the_resumed_curve_departs_or_the_resume_restarted
 
 
 def test_a_failed_part_fails_the_check_and_the_summary_says_why(tmp_path: Path) -> None:
-    """The train part launches the real nam56r.train, which refuses the recipe: the check exits 1,
+    """The train part launches the real nam56r.training.train, which refuses the recipe: the check exits 1,
     the skipped parts say so, and the summary on disk is the one returned."""
     opts = Options(out_dir=tmp_path / "out", root=tmp_path / "checkout", skip=frozenset({"tests", "packs"}),
                    check=ResumeCheck(recipe="no-such-recipe"), data=tmp_path / "data", echo=False)
@@ -234,7 +234,7 @@ def test_a_failed_part_fails_the_check_and_the_summary_says_why(tmp_path: Path) 
     assert "the full run exited 2" in train["problems"][0] and "invalid choice: 'no-such-recipe'" in train["problems"][0]
     assert train["runs"]["full"]["exit_code"] == 2 and "resumed" not in train["runs"]
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
-    assert summary["host"]["gpu"] == "cpu" and summary["schema"] == "nam56r.gpu_check/1" and summary["finished_utc"]
+    assert summary["host"]["gpu"] == "cpu" and summary["schema"] == "nam56r.training.gpu_check/1" and summary["finished_utc"]
     text = report(summary)
     assert "gpu-check FAILED" in text and "train  failed" in text and "tests  skipped (--skip-tests)" in text
 
@@ -245,7 +245,7 @@ def test_parts_run_at_the_same_time_unless_sequential(tmp_path: Path, monkeypatc
     Every part's result lands in the summary on disk, in the parts' order."""
     import threading
 
-    from nam56r import gpu_check
+    from nam56r.training import gpu_check
 
     meeting = threading.Barrier(2, timeout=2 if not concurrent else 30)
 

@@ -20,9 +20,9 @@ pytestmark = [
 def _bf16_model(preset: str):
     from megatron.core.transformer.module import Float16Module
 
-    from nam56r.model import build_model
-    from nam56r.presets import get_preset
-    from nam56r.specs import resolve_backend
+    from nam56r.model.model import build_model
+    from nam56r.model.presets import get_preset
+    from nam56r.model.specs import resolve_backend
 
     # bf16 parameters, as Megatron's --bf16 sets params_dtype: the layers cast their inputs to it.
     built = build_model(get_preset(preset), resolve_backend("auto"), device="cuda", params_dtype=torch.bfloat16, seed=0)
@@ -36,9 +36,9 @@ def test_a_build_outside_pretrain_seeds_the_model_parallel_rng_once(megatron_bui
     `seed`, and a later one keeps that state."""
     from megatron.core.tensor_parallel.random import _MODEL_PARALLEL_RNG_TRACKER_NAME, get_cuda_rng_tracker
 
-    from nam56r.model import build_model
-    from nam56r.presets import get_preset
-    from nam56r.specs import resolve_backend
+    from nam56r.model.model import build_model
+    from nam56r.model.presets import get_preset
+    from nam56r.model.specs import resolve_backend
 
     tracker, config, backend = get_cuda_rng_tracker(), get_preset("nam56r-tiny"), resolve_backend("auto")
     tracker.reset()

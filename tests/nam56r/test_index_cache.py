@@ -56,8 +56,8 @@ def test_cache_hands_out_only_entries_of_this_pass_with_matching_shape() -> None
 
 
 def _run_dsa_layers(built, x, skip=()):
-    from nam56r.model import cuda_buffers_on
-    from nam56r.pattern import LayerKind
+    from nam56r.model.model import cuda_buffers_on
+    from nam56r.model.pattern import LayerKind
 
     outputs = {}
     with cuda_buffers_on("cpu"), torch.no_grad():
@@ -90,7 +90,7 @@ def test_shared_layers_reuse_the_full_layers_topk_and_compute_their_own_without_
 
     indexer_runs.clear()
     model.topk_cache.begin_forward()
-    with caplog.at_level(logging.WARNING, logger="nam56r.dsa_index_cache"):
+    with caplog.at_level(logging.WARNING, logger="nam56r.model.dsa_index_cache"):
         _run_dsa_layers(built, x, skip=(5,))  # no Full layer ran in this pass
     assert indexer_runs == [9, 13]  # each computed its own instead of reusing the stale entry
     assert "DSA layer 9 computes its own top-k (no valid cache from layer 5" in caplog.text

@@ -13,11 +13,11 @@ def test_tiny_model_has_every_block_family_from_our_specs(tiny_cpu_model) -> Non
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 
-    from nam56r.dsa_index_cache import IndexCacheDSAttention
-    from nam56r.local_layers import LatentSDPAttention
-    from nam56r.mamba3_mixer import Mamba3Mixer
-    from nam56r.moe_experts import GroupedMLPExperts
-    from nam56r.pattern import LayerKind
+    from nam56r.model.dsa_index_cache import IndexCacheDSAttention
+    from nam56r.model.local_layers import LatentSDPAttention
+    from nam56r.model.mamba3_mixer import Mamba3Mixer
+    from nam56r.model.moe_experts import GroupedMLPExperts
+    from nam56r.model.pattern import LayerKind
 
     model, layout = tiny_cpu_model.model, tiny_cpu_model.layout
     expected = {
@@ -40,9 +40,9 @@ def test_tiny_model_has_every_block_family_from_our_specs(tiny_cpu_model) -> Non
 def test_float16module_keeps_mamba3_kernel_params_fp32(megatron_built) -> None:
     from megatron.core.transformer.module import Float16Module
 
-    from nam56r.mamba3_mixer import KEEP_FP32_PARAMS
-    from nam56r.model import build_model
-    from nam56r.presets import get_preset
+    from nam56r.model.mamba3_mixer import KEEP_FP32_PARAMS
+    from nam56r.model.model import build_model
+    from nam56r.model.presets import get_preset
 
     model = build_model(get_preset("nam56r-tiny"), "local", device="cpu").model
     model.config.bf16 = True
@@ -63,9 +63,9 @@ def test_ngram_embedding_adds_a_projected_feature_per_token(tiny_cpu_model) -> N
 
 
 def test_unknown_backend_and_device_are_rejected(megatron_built) -> None:
-    from nam56r.model import build_model
-    from nam56r.presets import get_preset
-    from nam56r.specs import resolve_backend
+    from nam56r.model.model import build_model
+    from nam56r.model.presets import get_preset
+    from nam56r.model.specs import resolve_backend
 
     with pytest.raises(ValueError, match="backend must be"):
         resolve_backend("apex")
@@ -79,7 +79,7 @@ def test_a_model_parallel_rng_state_set_before_the_build_is_kept(megatron_built)
     CUDA generator: tests/nam56r/test_gpu_model.py covers it on a GPU."""
     from megatron.core.tensor_parallel.random import _MODEL_PARALLEL_RNG_TRACKER_NAME, get_cuda_rng_tracker
 
-    from nam56r.model import seed_model_parallel_rng, single_process_groups
+    from nam56r.model.model import seed_model_parallel_rng, single_process_groups
 
     tracker = get_cuda_rng_tracker()
     saved_states, saved_seeds = tracker.get_states(), set(tracker.seeds_)

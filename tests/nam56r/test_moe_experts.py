@@ -1,4 +1,4 @@
-"""nam56r.moe_experts.GroupedMLPExperts against Megatron's SequentialMLP, built from one TransformerConfig on
+"""nam56r.model.moe_experts.GroupedMLPExperts against Megatron's SequentialMLP, built from one TransformerConfig on
 CPU: same state-dict keys (strict load), same outputs and input/weight gradients, and the settings it rejects."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}
 
 @pytest.fixture(scope="module")
 def groups(megatron_built):
-    from nam56r.model import single_process_groups
+    from nam56r.model.model import single_process_groups
 
     return single_process_groups()
 
@@ -45,7 +45,7 @@ def build_pair(groups, config):
     from megatron.core.transformer.mlp import MLPSubmodules
     from megatron.core.transformer.moe.experts import SequentialMLP
 
-    from nam56r.moe_experts import GroupedMLPExperts
+    from nam56r.model.moe_experts import GroupedMLPExperts
 
     backend = LocalSpecProvider()
     submodules = MLPSubmodules(linear_fc1=backend.column_parallel_linear(), linear_fc2=backend.row_parallel_linear())
@@ -124,7 +124,7 @@ def test_rejects_unsupported_settings(groups, overrides, message):
     from megatron.core.models.backends import LocalSpecProvider
     from megatron.core.transformer.mlp import MLPSubmodules
 
-    from nam56r.moe_experts import GroupedMLPExperts
+    from nam56r.model.moe_experts import GroupedMLPExperts
 
     backend = LocalSpecProvider()
     submodules = MLPSubmodules(linear_fc1=backend.column_parallel_linear(), linear_fc2=backend.row_parallel_linear())

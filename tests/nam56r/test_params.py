@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from nam56r.params import compare_with_claims, count_parameters, format_table
-from nam56r.pattern import LayerKind, layout_of
-from nam56r.presets import ORIGINAL_CLAIMS, PRESETS, get_preset
+from nam56r.model.params import compare_with_claims, count_parameters, format_table
+from nam56r.model.pattern import LayerKind, layout_of
+from nam56r.model.presets import ORIGINAL_CLAIMS, PRESETS, get_preset
 
 _cache: dict = {}
 
@@ -70,7 +70,7 @@ def test_table_lists_every_component(megatron_built) -> None:
 
 def test_cli_ends_with_plain_integer_totals(megatron_built, tmp_path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "nam56r.params", "--preset", "nam56r-tiny", "--json", str(tmp_path / "c.json")],
+        [sys.executable, "-m", "nam56r.model.params", "--preset", "nam56r-tiny", "--json", str(tmp_path / "c.json")],
         capture_output=True, text=True, check=True,
     ).stdout.strip().splitlines()
     counts = counts_of("nam56r-tiny")
@@ -79,5 +79,5 @@ def test_cli_ends_with_plain_integer_totals(megatron_built, tmp_path) -> None:
 
 
 def test_cli_rejects_unknown_presets() -> None:
-    proc = subprocess.run([sys.executable, "-m", "nam56r.params", "--preset", "nope"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "nam56r.model.params", "--preset", "nope"], capture_output=True, text=True)
     assert proc.returncode == 2 and "invalid choice: 'nope'" in proc.stderr

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nam56r.pattern import LayerKind, PatternError, layout_of, parse_pattern, translate
-from nam56r.presets import get_preset
+from nam56r.model.pattern import LayerKind, PatternError, layout_of, parse_pattern, translate
+from nam56r.model.presets import get_preset
 
 
 def test_nam56r_layout_matches_the_architecture() -> None:

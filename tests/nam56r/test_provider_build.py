@@ -1,6 +1,6 @@
 """The training path's model build on CPU, with the real objects end to end: a recipe's lowered
 flags through Megatron's parser and `validate_args`, Megatron's global state set as `pretrain`'s
-argument parsing sets it, and the model provider `nam56r.pretrain` hands to `pretrain`, which derives
+argument parsing sets it, and the model provider `nam56r.training.pretrain` hands to `pretrain`, which derives
 Megatron's config from those flags and builds through Megatron's HybridModel and layer builders.
 Only the device differs from a GPU run: the provider's build lands on "meta" here."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from nam56r.megatron_args import DataPaths, RunPaths, lower, megatron_validate, transformer_config_from_args
-from nam56r.recipe import get_recipe
+from nam56r.training.megatron_args import DataPaths, RunPaths, lower, megatron_validate, transformer_config_from_args
+from nam56r.training.recipe import get_recipe
 
 BUILT_RECIPES = ["tiny-1gpu", "proxy-1gpu", "h200x8-bf16"]  # nam56r-tiny, nam56r-proxy, nam56r
 
@@ -22,7 +22,7 @@ BUILT_RECIPES = ["tiny-1gpu", "proxy-1gpu", "h200x8-bf16"]  # nam56r-tiny, nam56
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory, megatron_built) -> Path:
     """A real HuggingFace BPE tokenizer (byte level, 300 tokens) over this test's own source."""
-    from nam56r.data import train_tokenizer
+    from nam56r.training.data import train_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
     train_tokenizer([Path(__file__).read_text()], 300, out)
@@ -54,10 +54,10 @@ def megatron_globals():
 def test_lowered_flags_build_through_pretrains_model_provider(name, tokenizer_dir, tmp_path, megatron_globals, monkeypatch):
     from megatron.core.transformer.experimental_attention_variant.absorbed_mla import AbsorbedMLASelfAttention
 
-    import nam56r.model
-    from nam56r.mamba3_mixer import Mamba3Mixer
-    from nam56r.pattern import LayerKind
-    from nam56r.pretrain import model_provider
+    import nam56r.model.model
+    from nam56r.model.mamba3_mixer import Mamba3Mixer
+    from nam56r.model.pattern import LayerKind
+    from nam56r.training.pretrain import model_provider
 
     argv, recipe = _lowered(name, tmp_path, tokenizer_dir)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -66,20 +66,20 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, tokenizer_di
     Path(args.nam56r_model_config).write_text(json.dumps(model_config.to_dict()))  # as the launcher writes it
     megatron_globals(args)
 
-    real_build, devices = nam56r.model.build_model, []
+    real_build, devices = nam56r.model.model.build_model, []
 
     def build_on_meta(*a, device, **k):
         devices.append(device)
         return real_build(*a, device="meta", **k)
 
-    monkeypatch.setattr(nam56r.model, "build_model", build_on_meta)
+    monkeypatch.setattr(nam56r.model.model, "build_model", build_on_meta)
     model = model_provider(pre_process=True, post_process=True)
 
     assert devices == ["cuda"]  # the provider's own build, redirected to meta on this CPU machine
-    assert isinstance(model, nam56r.model.NAM56RModel) and model.model_config == model_config
+    assert isinstance(model, nam56r.model.model.NAM56RModel) and model.model_config == model_config
     assert model.config.persist_layer_norm is False and model.config.num_layers == model_config.num_layers
     assert len(model.decoder.layers) == model_config.num_layers
-    for layer, kind in zip(model.decoder.layers, nam56r.model.layout_of(model_config).main, strict=True):
+    for layer, kind in zip(model.decoder.layers, nam56r.model.model.layout_of(model_config).main, strict=True):
         is_dsa = isinstance(getattr(layer, "self_attention", None), AbsorbedMLASelfAttention)
         is_mamba3 = isinstance(getattr(layer, "mixer", None), Mamba3Mixer)
         assert (is_dsa, is_mamba3) == (kind is LayerKind.DSA, kind is LayerKind.MAMBA3), (kind, type(layer).__name__)
@@ -88,7 +88,7 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, tokenizer_di
 
 @pytest.mark.parametrize("name", BUILT_RECIPES)
 def test_lowered_flags_give_a_config_the_local_backend_builds(name, tokenizer_dir, tmp_path, megatron_built):
-    from nam56r.model import local_backend_problems
+    from nam56r.model.model import local_backend_problems
 
     argv, recipe = _lowered(name, tmp_path, tokenizer_dir)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -102,7 +102,7 @@ def test_a_config_the_local_backend_refuses_fails_before_building_and_names_ever
     from megatron.core.tensor_parallel import ColumnParallelLinear, layers
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    from nam56r.model import build_model, local_backend_problems
+    from nam56r.model.model import build_model, local_backend_problems
 
     argv, recipe = _lowered("tiny-1gpu", tmp_path, tokenizer_dir)
     norm_fields = ["persist_layer_norm", "layernorm_zero_centered_gamma", "sequence_parallel", "memory_efficient_layer_norm"]

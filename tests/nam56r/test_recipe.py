@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nam56r.megatron_args import (
+from nam56r.training.megatron_args import (
     DataPaths,
     RunPaths,
     architecture_mismatches,
@@ -19,7 +19,7 @@ from nam56r.megatron_args import (
     refused_flags,
     transformer_config_from_args,
 )
-from nam56r.recipe import RECIPES, Recipe, RecipeError, get_recipe
+from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
 
 DATA = DataPaths(Path("/data/train_text_document"), Path("/data/valid_text_document"), Path("/data/tokenizer"))
 RUN = RunPaths(Path("/runs/r"), Path("/runs/r/checkpoints"), None)
@@ -125,7 +125,7 @@ def test_refused_flags_found_in_either_spelling():
 def test_model_config_round_trips_through_json():
     import json
 
-    from nam56r.config import ModelConfig
+    from nam56r.model.config import ModelConfig
 
     model = get_recipe("h200x8-bf16").model_config()
     assert model.index_cache.enabled

@@ -11,7 +11,7 @@ drives the real `save_checkpoint` / `load_checkpoint` on the tiny recipe's model
   NAM56R keeps in fp32 (Megatron patches 0013-0015: the index of each parameter's optimizer state,
   the state dict of a fresh optimizer without Apex/TE, the dp_reshardable load into fp32 parameters).
 
-The GPU twin (`test_gpu_faults.py`) kills a whole `nam56r.train` run during a save and resumes it.
+The GPU twin (`test_gpu_faults.py`) kills a whole `nam56r.training.train` run during a save and resumes it.
 """
 
 from __future__ import annotations
@@ -142,10 +142,10 @@ def test_a_nonfinite_loss_names_the_step_and_the_last_checkpoint(megatron_built,
     reach the loss function through `forward_step`, as in `pretrain`."""
     from megatron.training import global_vars
 
-    from nam56r.megatron_args import DataPaths, RunPaths, lower, megatron_validate
-    from nam56r.pretrain import forward_step
-    from nam56r.recipe import get_recipe
-    from nam56r.run_faults import NonFiniteLoss
+    from nam56r.training.megatron_args import DataPaths, RunPaths, lower, megatron_validate
+    from nam56r.training.pretrain import forward_step
+    from nam56r.training.recipe import get_recipe
+    from nam56r.training.run_faults import NonFiniteLoss
 
     recipe = get_recipe("tiny-1gpu")
     save = tmp_path / "checkpoints"

@@ -161,7 +161,7 @@ def train_record(**changes) -> TrainRecord:
     fields = dict(
         what="train:tiny-1gpu",
         host=parse_host_line("host: gpu=NVIDIA H100 80GB HBM3 (sm 9.0) driver=580 python=3.12.3 torch=2.11 triton=3.6.0 cuda=13.0"),
-        commit="3f47172" + "0" * 33, dirty=False, command="torchrun --nproc-per-node 1 -m nam56r.pretrain --train-iters 20",
+        commit="3f47172" + "0" * 33, dirty=False, command="torchrun --nproc-per-node 1 -m nam56r.training.pretrain --train-iters 20",
         exit_code=0, sentinels=(), date="2026-11-24T10:00:00Z", run_dir="runs/gpu-check/train/full", recipe="tiny-1gpu",
         preset="nam56r-tiny", world_size=1, seq_length=256, global_batch_size=16, first_step=1, last_step=20,
         loss_first=6.25, loss_final=4.5, tokens_per_s_per_gpu=41234.5, tflops_per_s_per_gpu=1.25, peak_memory_gib=3.5,

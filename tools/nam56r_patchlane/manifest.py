@@ -129,7 +129,7 @@ class Record:
 
 @dataclass(frozen=True)
 class TrainRecord:
-    """A training run, with the figures its run directory's summary.json states (`python -m nam56r.runlog
+    """A training run, with the figures its run directory's summary.json states (`python -m nam56r.training.runlog
     RUN_DIR --record` builds it there; this module only knows its shape)."""
 
     what: str  # "train:<recipe>"
@@ -160,7 +160,7 @@ class TrainRecord:
 
 @dataclass(frozen=True)
 class GpuTestsRecord:
-    """A GPU host's run of the GPU test suite (`python -m nam56r.gpu_check`'s tests part): every test's
+    """A GPU host's run of the GPU test suite (`python -m nam56r.training.gpu_check`'s tests part): every test's
     outcome and the sentinel lines the passing tests printed with their figures."""
 
     what: str  # "gpu-tests"

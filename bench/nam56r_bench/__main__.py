@@ -1,0 +1,3 @@
+from nam56r_bench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""`python -m nam56r_bench` (`nox -s bench -- ARGS`): run benchmark suites, write JSON + PNG per suite."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from nam56r_bench.harness import ROOT, BenchError, Context, stamp, write_suite
+from nam56r_bench.suites import SUITES
+from nam56r_bench.training import RECIPES
+
+DEFAULT_OUT = ROOT / "docs" / "bench"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m nam56r_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "Without suite names every suite runs that this machine can: on a machine without a CUDA GPU the\n"
+            "GPU suites are listed as not run (naming one explicitly there is an error). Results go to\n"
+            f"OUT/<suite>.json and OUT/<suite>.png (default OUT: {DEFAULT_OUT.relative_to(ROOT)}), stamped with\n"
+            "the GPU, driver, versions, commit and upstream pins."
+        ),
+    )
+    parser.add_argument("suites", nargs="*", metavar="SUITE", help=f"suites to run: {', '.join(SUITES)} (default: all that can run here)")
+    parser.add_argument("--list", action="store_true", help="list the suites and what each needs, then exit")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sweeps: a smoke run, not a result")
+    parser.add_argument("--model", action="append", choices=sorted(RECIPES), dest="models", default=[],
+                        help="a model the training suites (train-step, microbatch) run; repeat for several "
+                             "(default: both, the proxy alone with --quick)")
+    parser.add_argument("--cache", type=Path, help="the artifact cache the tooling suite fills and builds from "
+                        "(default: the patch lane's, ~/.cache/nam56r-patchlane/artifacts)")
+    return parser
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    gpu = _has_gpu()
+    if args.list:
+        for suite in SUITES.values():
+            needs = "GPU" if suite.needs_gpu else "CPU"
+            state = "" if gpu or not suite.needs_gpu else "  (needs a GPU: not runnable here)"
+            print(f"{suite.name:<12} [{needs}] {suite.summary}{state}")
+        return 0
+    unknown = [name for name in args.suites if name not in SUITES]
+    if unknown:
+        print(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(SUITES)}", file=sys.stderr)
+        return 2
+    chosen = [SUITES[name] for name in args.suites] if args.suites else list(SUITES.values())
+    if not gpu:
+        named_gpu = [s.name for s in chosen if s.needs_gpu] if args.suites else []
+        if named_gpu:
+            print(f"suite(s) {', '.join(named_gpu)} need a CUDA GPU (an H100/H200) and none is visible here", file=sys.stderr)
+            return 2
+        for suite in chosen:
+            if suite.needs_gpu:
+                print(f"{suite.name}: not run, needs a CUDA GPU (an H100/H200) and none is visible here")
+        chosen = [s for s in chosen if not s.needs_gpu]
+    host = stamp()
+    ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)), cache=args.cache)
+    failed = []
+    for suite in chosen:
+        print(f"== {suite.name}: {suite.summary}", flush=True)
+        start = time.perf_counter()
+        try:
+            rows = suite.run(ctx)
+        except BenchError as exc:
+            print(f"{suite.name}: FAILED: {exc}", file=sys.stderr)
+            failed.append(suite.name)
+            continue
+        path = write_suite(suite, rows, ctx, host, time.perf_counter() - start)
+        for row in rows:
+            parts = [f"{row.time_ms:.3f} ms" if row.time_ms is not None else None,
+                     f"{row.peak_extra_bytes / 2**30:.2f} GiB" if row.peak_extra_bytes is not None else None,
+                     f"err {row.max_error:.1e}" if row.max_error is not None else None, row.extra.get("error")]
+            print(f"  {row.case:<28} {row.variant:<44} " + "  ".join(p for p in parts if p))
+        print(f"  -> {path} and {path.with_suffix('.png')}")
+    return 1 if failed else 0

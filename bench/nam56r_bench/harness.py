@@ -1,0 +1,198 @@
+"""What every bench suite shares: the suite registry entry, the host/version stamp, timing on a GPU, and
+writing a suite's JSON and PNG."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class BenchError(RuntimeError):
+    """A suite cannot run here or its measurement failed; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measurement: `variant` of `case` (e.g. case "dsa-scores mb8", variant "upstream" / "fused")."""
+
+    case: str
+    variant: str
+    time_ms: float | None = None
+    peak_extra_bytes: int | None = None
+    max_error: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Context:
+    out_dir: Path
+    quick: bool  # fewer repetitions and smaller sweeps (a smoke run, not a result)
+    models: tuple[str, ...] = ()  # the training suites' models (nam56r_bench.training.RECIPES keys); () = the suite's default
+    cache: Path | None = None  # the tooling suite's artifact cache; None = the patch lane's default
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    summary: str
+    needs_gpu: bool
+    run: Callable[[Context], list[Row]]
+
+
+def stamp() -> dict[str, Any]:
+    """Host, versions, this checkout's commit and the pinned upstream commits: where a result came from. The
+    versions are the validation manifest's host stamp of this interpreter."""
+    from nam56r_patchlane.manifest import host_stamp
+
+    info: dict[str, Any] = {"date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(),
+                            **asdict(host_stamp(sys.executable))}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu_count"] = torch.cuda.device_count()
+    except ImportError:
+        pass
+    info["commit"] = _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]) or "unknown"
+    info["dirty"] = bool(_run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"]))
+    info["upstreams"] = _upstream_pins()
+    return info
+
+
+def _run(command: list[str]) -> str:
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def _upstream_pins() -> dict[str, str]:
+    from nam56r_patchlane.lock import load_lock
+
+    return {u.name: u.commit for u in load_lock(ROOT).upstreams}
+
+
+def require_gpu(suite: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BenchError(f"suite {suite!r} needs a CUDA GPU (an H100/H200) and none is visible here")
+
+
+def cuda_time_ms(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 10) -> float:
+    """Median milliseconds of `fn` over `iters` runs after `warmup`, timed with CUDA events."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def cuda_peak_extra_bytes(fn: Callable[[], Any]) -> tuple[int, Any]:
+    """(peak CUDA memory `fn` allocates beyond what was allocated when it started, its outputs included;
+    what `fn` returned)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before, result
+
+
+BASELINE_PREFIXES = ("upstream", "reference")
+
+
+def ratios(rows: list[Row]) -> list[dict[str, Any]]:
+    """Per case, each candidate against the fastest measured baseline (a variant named upstream… or
+    reference…): speedup = baseline time / candidate time, memory_ratio = baseline memory / candidate memory."""
+    out = []
+    by_case: dict[str, list[Row]] = {}
+    for row in rows:
+        by_case.setdefault(row.case, []).append(row)
+    for case, variants in by_case.items():
+        baselines = [r for r in variants if r.variant.startswith(BASELINE_PREFIXES) and r.time_ms is not None]
+        if not baselines:
+            continue
+        base = min(baselines, key=lambda r: r.time_ms)
+        for row in variants:
+            if row.variant.startswith(BASELINE_PREFIXES):
+                continue
+            entry: dict[str, Any] = {"case": case, "variant": row.variant, "against": base.variant}
+            if base.time_ms and row.time_ms:
+                entry["speedup"] = base.time_ms / row.time_ms
+            if base.peak_extra_bytes and row.peak_extra_bytes:
+                entry["memory_ratio"] = base.peak_extra_bytes / row.peak_extra_bytes
+            out.append(entry)
+    return out
+
+
+def write_suite(suite: Suite, rows: list[Row], ctx: Context, host: dict[str, Any], seconds: float) -> Path:
+    """<out>/<suite>.json (stamp, rows, ratios) and <out>/<suite>.png; returns the JSON path."""
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    result = {
+        "suite": suite.name,
+        "summary": suite.summary,
+        "quick": ctx.quick,
+        "host": host,
+        "seconds": round(seconds, 2),
+        "rows": [asdict(r) for r in rows],
+        "ratios": ratios(rows),
+    }
+    path = ctx.out_dir / f"{suite.name}.json"
+    path.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    plot_rows(rows, f"{suite.name} · {host['gpu']} · {host['commit'][:10]}", ctx.out_dir / f"{suite.name}.png")
+    return path
+
+
+def plot_rows(rows: list[Row], title: str, path: Path) -> None:
+    """Grouped bars per case, one bar per variant: time, and peak extra memory where any row measured it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r.case for r in rows))
+    variants = list(dict.fromkeys(r.variant for r in rows))
+    panels = [(key, label) for key, label in (("time_ms", "time (ms)"), ("peak_extra_bytes", "peak extra memory (GiB)"))
+              if any(getattr(r, key) is not None for r in rows)] or [("time_ms", "time (ms)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(5, 1.6 * len(cases) + 2) * len(panels), 4.5), squeeze=False)
+    axes = axes[0]
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        width = 0.8 / max(1, len(variants))
+        for v, variant in enumerate(variants):
+            values = []
+            for case in cases:
+                match = next((r for r in rows if r.case == case and r.variant == variant), None)
+                value = getattr(match, key) if match else None
+                values.append(0.0 if value is None else (value / 2**30 if key == "peak_extra_bytes" else value))
+            ax.bar([c + v * width for c in range(len(cases))], values, width, label=variant)
+        ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))], cases, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,181 @@
+"""The GPU training suites, each through `python -m nam56r.training.train` (the users' command) on this machine:
+
+- ``train-step``: the proxy recipe and the full NAM56R on one GPU: tokens/s/GPU, TFLOP/s/GPU (nam56r.model.flops'
+  formula, the run's steady-state window), MFU against a bf16 GEMM peak measured in the same run, peak
+  memory, and the top kernels by CUDA time from a PyTorch-profiler trace of the proxy's steps 20-22.
+- ``microbatch``: the largest micro-batch that trains 3 steps at sequence 4096, proxy and full. Only the
+  patched stack is measured: the unpatched comparison needs a second environment built without the
+  memory patches, which the build does not make (the kernels suite compares those patches op by op).
+- ``compile-tax``: wall time to the first logged step with empty Triton, TileLang and Inductor caches, then
+  again with the caches that run filled. Across runs the stack relies on those compilers' on-disk caches
+  (by default ~/.triton/cache and ~/.tilelang/cache; TRITON_CACHE_DIR / TILELANG_CACHE_DIR move them,
+  e.g. onto a node-local disk that outlives jobs), so only a machine's first run pays the cold figure.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from nam56r.training.run_dir import RunDir
+from nam56r.training.runlog import headline
+from nam56r_bench.harness import BenchError, Context, Row, cuda_time_ms, require_gpu
+
+# The full NAM56R on one GPU: the 8-GPU bf16 recipe, one GPU, no expert parallelism.
+RECIPES = {"proxy": ["--recipe", "proxy-1gpu"], "nam56r": ["--recipe", "h200x8-bf16", "--gpus-per-node", "1", "--ep", "1"]}
+FIRST_STEP = re.compile(r"iteration\s+1/")
+
+
+def models(ctx: Context) -> tuple[str, ...]:
+    """The models a training suite runs: those named with --model, else both (the proxy alone for --quick)."""
+    return ctx.models or (("proxy",) if ctx.quick else tuple(RECIPES))
+
+
+def gemm_peak_tflops() -> float:
+    """bf16 dense GEMM throughput (8192^3, median of 20) on this GPU: the denominator of MFU."""
+    import torch
+
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = cuda_time_ms(lambda: a @ b, warmup=5, iters=20)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def train_command(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """`python -m nam56r.training.train` for a bench run: no checkpoint (a proxy checkpoint takes about 44 GiB), and a
+    one-step learning-rate warm-up, as a run of a few steps needs one shorter than the recipe's (the schedule
+    changes neither speed nor memory)."""
+    command = [sys.executable, "-m", "nam56r.training.train", *RECIPES[recipe], "--steps", str(steps), "--warmup", "1", "--no-save",
+               "--run-dir", str(run_dir)]
+    if mbs is not None:
+        command += ["--mbs", str(mbs), "--gbs", str(mbs)]
+    return command + (["--", *extra] if extra else [])
+
+
+def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, extra: tuple[str, ...] = (), env: dict | None = None) -> dict:
+    """Run the users' training command (`train_command`); returns exit code, wall seconds, seconds to the first
+    logged step, the run's summary.json (when it finished) and the log tail."""
+    command = train_command(recipe, run_dir, mbs=mbs, steps=steps, extra=extra)
+    print(f"[train] {' '.join(command)}", flush=True)
+    start = time.perf_counter()
+    first_step_s = None
+    tail: list[str] = []
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-40:]
+        if first_step_s is None and FIRST_STEP.search(line):
+            first_step_s = time.perf_counter() - start
+            print(f"[train] first step after {first_step_s:.1f} s", flush=True)
+    code = proc.wait()
+    summary_file = RunDir(run_dir).summary
+    summary = json.loads(summary_file.read_text()) if code == 0 and summary_file.exists() else None
+    return {"exit": code, "wall_s": time.perf_counter() - start, "first_step_s": first_step_s, "summary": summary, "tail": tail}
+
+
+def top_kernels(trace_root: Path, count: int = 5) -> list[dict]:
+    """The `count` CUDA kernels with the most total time in the PyTorch-profiler traces under `trace_root`."""
+    totals: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    traces = sorted(trace_root.rglob("*.pt.trace.json*"))
+    if not traces:
+        raise BenchError(f"no PyTorch profiler trace under {trace_root}")
+    for path in traces:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            events = json.load(f).get("traceEvents", [])
+        for event in events:
+            if event.get("cat") == "kernel" and "dur" in event:
+                totals[event["name"]] += event["dur"]
+                calls[event["name"]] += 1
+    grand = sum(totals.values()) or 1
+    return [
+        {"kernel": name[:160], "total_ms": us / 1e3, "share": us / grand, "calls": calls[name]}
+        for name, us in totals.most_common(count)
+    ]
+
+
+def train_step(ctx: Context) -> list[Row]:
+    require_gpu("train-step")
+    peak = gemm_peak_tflops()
+    rows = []
+    steps = 12 if ctx.quick else 25
+    profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
+    with tempfile.TemporaryDirectory(prefix="nam56r-bench-train-") as tmp:
+        for recipe in models(ctx):
+            run_dir = Path(tmp) / recipe
+            result = train(recipe, run_dir, mbs=None, steps=steps, extra=profile if recipe == "proxy" and not ctx.quick else ())
+            extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"]}
+            summary = result["summary"]
+            if summary is None:
+                rows.append(Row(f"{recipe} 1 GPU", "patched", extra={**extra, "error": "\n".join(result["tail"][-15:])}))
+                continue
+            figures, medians = headline(summary), summary["median_over_window"]
+            tflops = figures.tflops_per_s_per_gpu
+            extra.update(tokens_per_s_per_gpu=figures.tokens_per_s_per_gpu, tflops_per_s_per_gpu=tflops, mfu=tflops / peak,
+                         window=summary["window"], global_batch_size=medians["global_batch_size"], losses=summary["losses"])
+            if recipe == "proxy" and not ctx.quick:
+                extra["top_kernels"] = top_kernels(run_dir)
+            rows.append(Row(f"{recipe} 1 GPU", "patched", time_ms=medians["iteration_time_s"] * 1e3,
+                            peak_extra_bytes=summary["peak_memory"]["bytes"], extra=extra))
+    return rows
+
+
+def microbatch(ctx: Context) -> list[Row]:
+    require_gpu("microbatch")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="nam56r-bench-mbs-") as tmp:
+        for recipe in models(ctx):
+            fits, fails, tried = 0, None, {}
+            mbs = 1
+            while fails is None or fails - fits > 1:
+                result = train(recipe, Path(tmp) / f"{recipe}-mbs{mbs}", mbs=mbs, steps=3)
+                tried[mbs] = _attempt(result)
+                if result["exit"] == 0:
+                    fits = mbs
+                else:
+                    fails = mbs
+                    if fits == 0:
+                        break
+                if ctx.quick and fits >= 2:
+                    break
+                mbs = mbs * 2 if fails is None else (fits + fails) // 2
+                if mbs > 64:
+                    break
+            rows.append(Row(f"{recipe} seq 4096", "patched", extra={
+                "largest_micro_batch": fits, "tried": tried,
+                "unpatched": "not measured (needs an environment without the memory patches)",
+            }))
+    return rows
+
+
+def _attempt(result: dict) -> dict:
+    """What one micro-batch try shows: its exit code, peak memory and speed when it trained, or why it stopped."""
+    summary = result["summary"]
+    if summary is None:
+        reason = next((line for line in reversed(result["tail"]) if "OutOfMemoryError" in line or "out of memory" in line), None)
+        return {"exit": result["exit"], "error": (reason or "\n".join(result["tail"][-5:]))[-400:]}
+    figures = headline(summary)
+    return {"exit": result["exit"], "peak_memory_gib": figures.peak_memory_gib, "tflops_per_s_per_gpu": figures.tflops_per_s_per_gpu,
+            "first_step_s": result["first_step_s"]}
+
+
+def compile_tax(ctx: Context) -> list[Row]:
+    require_gpu("compile-tax")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="nam56r-bench-compile-") as tmp:
+        caches = {name: f"{tmp}/{name.lower()}" for name in ("TRITON_CACHE_DIR", "TILELANG_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+        for variant in ("cold cache", "warm cache"):
+            result = train("proxy", Path(tmp) / variant.replace(" ", "-"), mbs=None, steps=2, env=caches)
+            seconds = result["first_step_s"]
+            rows.append(Row("proxy time to first step", variant, time_ms=None if seconds is None else seconds * 1e3,
+                            extra={"exit": result["exit"], "wall_s": result["wall_s"]}))
+    return rows

@@ -1,3 +1,0 @@
-from nam56r.bench.cli import main
-
-raise SystemExit(main())

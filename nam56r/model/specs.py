@@ -1,0 +1,219 @@
+"""NAM56R's Megatron layer specs: one HybridStack spec per backend, chosen explicitly.
+
+`te`: TransformerEngine modules (norms, linears, core attention, grouped-GEMM experts), the
+production option on users' nodes. `local`: Megatron's own modules, for machines without TE (our
+GPU test machine, CPU tests); its MoE experts are `nam56r.model.moe_experts.GroupedMLPExperts`, two
+`torch.nn.functional.grouped_mm` calls with `SequentialMLP`'s parameters and checkpoint layout, in
+place of Megatron's `SequentialMLP` (a Python loop of per-expert GEMMs). `resolve_backend("auto")` picks
+`te` when `transformer_engine` imports and `local` otherwise, and says which once; there is no
+quiet switch after that.
+
+Every layer family is NAM56R's: Mamba-3 through `Mamba3Mixer`, full MLA (also in Megatron's `*`
+slot, which only the MTP heads use), DSA as absorbed MLA with the lightning indexer and
+IndexCache, MoE with one shared expert, and the MTP heads' dense MLP.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from functools import partial
+from typing import Literal
+
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
+from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
+from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
+from megatron.core.ssm.mlp_layer import MLPLayer
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.experimental_attention_variant.absorbed_mla import (
+    AbsorbedMLASelfAttention,
+    AbsorbedMLASelfAttentionSubmodules,
+)
+from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexer, DSAIndexerSubmodules, DSAttentionSubmodules
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.multi_latent_attention import MLASelfAttention, MLASelfAttentionSubmodules
+from megatron.core.transformer.multi_token_prediction import (
+    MultiTokenPredictionBlock,
+    MultiTokenPredictionBlockSubmodules,
+    MultiTokenPredictionLayer,
+    MultiTokenPredictionLayerSubmodules,
+)
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer.transformer_layer import MoETransformerLayer, TransformerLayer, TransformerLayerSubmodules
+from nam56r_kernels.index_cache import IndexCachePlan, TopkCache
+
+from nam56r.model.config import ModelConfig
+from nam56r.model.dsa_index_cache import IndexCacheDSAttention
+from nam56r.model.local_layers import DuplicatedLinear, LatentSDPAttention
+from nam56r.model.mamba3_mixer import Mamba3Mixer
+from nam56r.model.moe_experts import GroupedMLPExperts
+
+Backend = Literal["te", "local"]
+logger = logging.getLogger(__name__)
+_announced: set[str] = set()
+
+
+def resolve_backend(requested: str) -> Backend:
+    """`te`, `local`, or `auto` (te when transformer_engine is importable); the choice is logged once."""
+    if requested not in ("auto", "te", "local"):
+        raise ValueError(f"backend must be 'auto', 'te' or 'local', got {requested!r}")
+    have_te = importlib.util.find_spec("transformer_engine") is not None
+    if requested == "te" and not have_te:
+        raise RuntimeError("backend 'te' asked for, but transformer_engine is not installed (pip install transformer_engine[pytorch])")
+    backend: Backend = "te" if requested == "te" or (requested == "auto" and have_te) else "local"
+    if backend not in _announced:
+        _announced.add(backend)
+        why = "TransformerEngine" if backend == "te" else "Megatron's local modules; MoE experts on torch's grouped_mm"
+        logger.warning("NAM56R layer backend: %s (%s, requested %r)", backend, why, requested)
+    return backend
+
+
+class _Modules:
+    """The module classes of one backend."""
+
+    def __init__(self, backend: Backend) -> None:
+        if backend == "te":
+            from megatron.core.extensions.transformer_engine import (
+                TEColumnParallelLinear,
+                TEDotProductAttention,
+                TELinear,
+                TENorm,
+                TERowParallelLinear,
+            )
+            from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+
+            self.norm, self.column, self.row = TENorm, TEColumnParallelLinear, TERowParallelLinear
+            self.down_proj, self.duplicated, self.core_attention = TELinear, TELinear, TEDotProductAttention
+            self.provider, self.grouped_gemm = TESpecProvider(), True
+        else:
+            self.norm, self.column, self.row = WrappedTorchNorm, ColumnParallelLinear, RowParallelLinear
+            self.down_proj, self.duplicated, self.core_attention = ColumnParallelLinear, DuplicatedLinear, LatentSDPAttention
+            self.provider, self.grouped_gemm = _LocalGroupedExpertsProvider(), True
+
+
+class _LocalGroupedExpertsProvider(LocalSpecProvider):
+    """Megatron's local modules, with grouped-GEMM experts that need no TransformerEngine."""
+
+    def grouped_mlp_modules(self, moe_use_grouped_gemm: bool):
+        if not moe_use_grouped_gemm:
+            return super().grouped_mlp_modules(moe_use_grouped_gemm)
+        sequential = super().grouped_mlp_modules(False)  # SequentialMLP with the local linears and activation
+        return partial(GroupedMLPExperts, *sequential.args, **sequential.keywords)
+
+
+def _mla_layer(m: _Modules) -> ModuleSpec:
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=m.norm,
+            self_attention=ModuleSpec(
+                module=MLASelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=MLASelfAttentionSubmodules(
+                    linear_q_proj=m.column,
+                    linear_q_down_proj=m.down_proj,
+                    linear_q_up_proj=m.column,
+                    linear_kv_down_proj=m.down_proj,
+                    linear_kv_up_proj=m.column,
+                    core_attention=m.core_attention,
+                    linear_proj=m.row,
+                    q_layernorm=m.norm,
+                    kv_layernorm=m.norm,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+        ),
+    )
+
+
+def _dsa_layer(m: _Modules, plan: IndexCachePlan | None, cache: TopkCache | None) -> ModuleSpec:
+    # DSA layers have no TE core attention (Megatron's DSAttention is local either way).
+    core_attention = ModuleSpec(
+        module=IndexCacheDSAttention,
+        params={"plan": plan, "cache": cache},
+        submodules=DSAttentionSubmodules(
+            indexer=ModuleSpec(
+                module=DSAIndexer,
+                submodules=DSAIndexerSubmodules(
+                    linear_wq_b=m.duplicated, linear_wk=m.duplicated, k_norm=m.norm, linear_weights_proj=m.duplicated
+                ),
+            )
+        ),
+    )
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=m.norm,
+            self_attention=ModuleSpec(
+                module=AbsorbedMLASelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=AbsorbedMLASelfAttentionSubmodules(
+                    linear_q_proj=m.column,
+                    linear_q_down_proj=m.down_proj,
+                    linear_q_up_proj=m.column,
+                    linear_kv_down_proj=m.down_proj,
+                    linear_kv_up_proj=m.column,
+                    core_attention=core_attention,
+                    linear_proj=m.row,
+                    q_layernorm=m.norm,
+                    kv_layernorm=m.norm,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+        ),
+    )
+
+
+def hybrid_stack_spec(
+    config: ModelConfig, backend: Backend, *, index_cache_plan: IndexCachePlan | None = None, topk_cache: TopkCache | None = None
+) -> ModuleSpec:
+    """The HybridStack spec for `config` on `backend` (IndexCache wired in when a plan is given)."""
+    m = _Modules(backend)
+    moe = get_moe_module_spec_for_backend(backend=m.provider, num_experts=config.moe.num_experts, moe_grouped_gemm=m.grouped_gemm)
+    mla = _mla_layer(m)
+    return ModuleSpec(
+        module=HybridStack,
+        submodules=HybridStackSubmodules(
+            mamba_layer=ModuleSpec(
+                module=MambaLayer,
+                submodules=MambaLayerSubmodules(
+                    norm=m.norm,
+                    mixer=ModuleSpec(module=Mamba3Mixer, params={"mamba": config.mamba}),
+                    mamba_bda=get_bias_dropout_add,
+                ),
+            ),
+            attention_layer=mla,  # Megatron's `*` slot: only the MTP heads use it (nam56r.model.pattern)
+            mla_layer=mla,
+            dsa_layer=_dsa_layer(m, index_cache_plan, topk_cache),
+            mlp_layer=ModuleSpec(
+                module=MLPLayer,
+                submodules=TransformerLayerSubmodules(
+                    pre_mlp_layernorm=m.norm,
+                    mlp=partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(linear_fc1=m.column, linear_fc2=m.row)),
+                    mlp_bda=get_bias_dropout_add,
+                ),
+            ),
+            final_norm=m.norm,  # Megatron patch 0009 (HybridStack's final norm from the spec)
+            moe_layer=ModuleSpec(
+                module=MoETransformerLayer,
+                submodules=TransformerLayerSubmodules(pre_mlp_layernorm=m.norm, mlp=moe, mlp_bda=get_bias_dropout_add),
+            ),
+            mtp_block_spec=ModuleSpec(
+                module=MultiTokenPredictionBlock,
+                submodules=MultiTokenPredictionBlockSubmodules(
+                    layer_specs=[
+                        ModuleSpec(
+                            module=MultiTokenPredictionLayer,
+                            submodules=MultiTokenPredictionLayerSubmodules(
+                                enorm=m.norm, hnorm=m.norm, eh_proj=m.column, mtp_model_layer=None, layer_norm=m.norm
+                            ),
+                        )
+                    ]
+                ),
+            ),
+        ),
+    )

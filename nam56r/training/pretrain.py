@@ -1,0 +1,184 @@
+"""The process `torchrun` starts on each GPU: Megatron's `pretrain` with NAM56R's model provider,
+forward step and dataset provider.
+
+Launched by `nam56r.training.train` (never by hand: the launcher writes the model config file this reads
+and prints the exact command). The model is built from that `ModelConfig`; the flags' own view of
+the architecture must agree with it field by field (`architecture_mismatches`) or the run stops
+before building anything.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from nam56r.model.config import ModelConfig
+from nam56r.training.megatron_args import add_nam56r_args, architecture_mismatches, transformer_config_from_args
+from nam56r.training.run_faults import (
+    RUN_STOPPED_EXIT,
+    NonFiniteLoss,
+    RunStopped,
+    explain_save_failures,
+    nonfinite_loss_message,
+    planted_nonfinite,
+)
+
+BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+
+
+def load_model_config(path: str | Path) -> ModelConfig:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"model config {path} not found: start training with `python -m nam56r.training.train`, which writes it") from None
+    return ModelConfig.from_dict(data)
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None, config=None, pg_collection=None):
+    """Megatron's model-provider contract: the bare model on the current GPU (Megatron wraps it)."""
+    from megatron.training import get_args, get_tokenizer, print_rank_0
+
+    from nam56r.model.model import build_model
+
+    if vp_stage is not None:
+        raise SystemExit("virtual pipeline stages are not supported by NAM56R's launcher")
+    args = get_args()
+    model_config = load_model_config(args.nam56r_model_config)
+    megatron_cfg = transformer_config_from_args(args)
+    mismatches = architecture_mismatches(model_config, megatron_cfg)
+    if mismatches:
+        raise SystemExit("Megatron's flags and the model config disagree:\n  " + "\n  ".join(mismatches))
+    tokenizer = get_tokenizer()
+    if tokenizer.vocab_size > model_config.vocab_size:
+        raise SystemExit(
+            f"tokenizer has {tokenizer.vocab_size} tokens, the model's vocabulary {model_config.vocab_size}: "
+            "train a tokenizer no larger than the model's vocab (`python -m nam56r.training.data build --vocab-size N`)"
+        )
+    built = build_model(
+        model_config,
+        args.nam56r_backend,
+        device="cuda",
+        pg_collection=pg_collection,
+        megatron_cfg=megatron_cfg,
+        pre_process=pre_process,
+        post_process=post_process,
+    )
+    print_rank_0(f"NAM56R {model_config.name}: {built.layout.megatron_pattern} on the {built.backend} backend")
+    return built.model
+
+
+def batch_to(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
+    """The GPTDataset sample keys the model needs, on `device`; a missing key names what is there."""
+    missing = [k for k in BATCH_KEYS if k not in batch]
+    if missing:
+        raise KeyError(f"batch lacks {missing}; it has {sorted(batch)}")
+    return {k: batch[k].to(device, non_blocking=True) for k in BATCH_KEYS}
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Where a forward step runs: Megatron's step number (1-based), the checkpoint directory, and the
+    step with a planted non-finite loss (`--nam56r-nonfinite-loss-at-step`). Outside a Megatron run
+    (no global args) nothing is known."""
+
+    step: int | None = None
+    save_dir: str | None = None
+    plant_nonfinite_at: int | None = None
+
+    @classmethod
+    def current(cls) -> StepContext:
+        from megatron.training.global_vars import _GLOBAL_ARGS as args
+
+        if args is None:
+            return cls()
+        return cls(args.curr_iteration + 1 if hasattr(args, "curr_iteration") else None, args.save, args.nam56r_nonfinite_loss_at_step)
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, context: StepContext = StepContext()):
+    """Megatron's per-token-loss contract: (sum of masked losses, token count, report). A non-finite
+    loss stops the run (`nam56r.training.run_faults`)."""
+    losses = output_tensor.view(-1).float()
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * mask)
+    if context.step is not None:
+        loss = loss * planted_nonfinite(context.step, context.plant_nonfinite_at)
+    num_tokens = mask.sum().detach().to(torch.int)
+    if not torch.isfinite(loss.detach()).all():
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        raise NonFiniteLoss(nonfinite_loss_message(loss.item(), context.step, rank, context.save_dir))
+    return loss, num_tokens, {"lm loss": torch.cat([loss.detach().view(1), num_tokens.view(1).float()])}
+
+
+def forward_step(data_iterator, model):
+    device = next(model.parameters()).device
+    batch = batch_to(next(data_iterator), device)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"], loss_mask=batch["loss_mask"])
+    return output, partial(loss_func, batch["loss_mask"], context=StepContext.current())
+
+
+def gpt_dataset_config(args, tokenizer):
+    """GPTDatasetConfig for the launcher's per-split prefixes: documents end in EOD, causal masks are
+    made by the model (no mask tensor from the loader), no loss on EOD is masked."""
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+    from megatron.training.utils import get_blend_and_blend_per_split
+
+    blend, blend_per_split = get_blend_and_blend_per_split(args)
+    return GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=blend,
+        blend_per_split=blend_per_split,
+        split=args.split,
+        path_to_cache=args.data_cache_path,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        mmap_bin_files=args.mmap_bin_files,
+    )
+
+
+def datasets_provider(train_val_test_num_samples):
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+    from megatron.training import get_args, get_tokenizer
+
+    args = get_args()
+    if args.mock_data:
+        raise SystemExit("mock data is refused: NAM56R trains on real data (`python -m nam56r.training.data build`)")
+    config = gpt_dataset_config(args, get_tokenizer())
+    # TP is 1 (the recipe checks it), so every rank reads its own batches.
+    return BlendedMegatronDatasetBuilder(GPTDataset, train_val_test_num_samples, lambda: True, config).build()
+
+
+datasets_provider.is_distributed = True  # Megatron's marker: every rank calls the provider
+
+
+def main() -> None:
+    from megatron.core.enums import ModelType
+    from megatron.training import pretrain
+    from megatron.training.argument_utils import pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
+
+    args = parse_and_validate_args(extra_args_provider=add_nam56r_args)
+    if args.tokenizer_type == "NullTokenizer":
+        raise SystemExit("the null tokenizer is refused: pass a real tokenizer (`--tokenizer DIR` to nam56r.training.train)")
+    cfg = pretrain_cfg_container_from_args(args, None)
+    try:
+        with explain_save_failures(args.save):
+            pretrain(cfg, datasets_provider, ModelType.encoder_or_decoder, forward_step, model_provider=model_provider)
+    except RunStopped as exc:
+        traceback.print_exc()  # the cause, for the record; the line below is what to read
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(RUN_STOPPED_EXIT)
+
+
+if __name__ == "__main__":
+    main()

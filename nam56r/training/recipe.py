@@ -1,0 +1,240 @@
+"""Training recipes: one dataclass per run shape, named presets per machine shape.
+
+A `Recipe` says what to train (a model preset), on what (nodes x GPUs, TP/PP/EP), how (batch,
+steps, optimizer, precision, runtime switches) and where results go. It holds nothing
+host-specific: no paths to home directories, no host names. `nam56r.training.megatron_args` lowers it to
+Megatron's own training flags; `nam56r.training.train` launches it.
+
+Runtime policy is checked here, not applied silently elsewhere: `check()` refuses combinations the
+original team found broken (CUDA graphs at PP=1: TE's graph pool took 39.5 GiB and OOMed the
+production topology) instead of quietly turning a switch off, and model shapes the fused kernels
+refuse (`nam56r.model.fused_constraints`) before anything launches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Literal
+
+from nam56r.model.config import ModelConfig, Precision
+from nam56r.model.presets import PRESETS, get_preset
+
+BackendChoice = Literal["auto", "te", "local"]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    model: str  # a model preset name (nam56r.model.presets)
+    description: str = ""
+    # Machine shape and parallelism
+    nodes: int = 1
+    gpus_per_node: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    # Batch and schedule
+    micro_batch: int = 1
+    global_batch: int = 8
+    seq_length: int | None = None  # None: the model preset's
+    steps: int = 300
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    clip_grad: float = 1.0
+    seed: int = 1234
+    # Numerics and kernels
+    precision: Precision = "bf16"
+    backend: BackendChoice = "auto"
+    index_cache: bool = False
+    fused_linear_ce: bool = True  # LM head and MTP heads through Liger's fused linear CE (patches 0007/0008)
+    # Runtime switches, each explicit
+    cuda_graphs: bool = False
+    compile_mamba_elementwise: bool = False
+    # Logging, evaluation and checkpoints
+    log_interval: int = 1
+    eval_interval: int = 100
+    eval_iters: int = 10
+    save_interval: int = 100
+    num_workers: int = 2
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // (self.tp * self.pp)
+
+    def model_config(self) -> ModelConfig:
+        """The model this recipe trains: the preset with the recipe's sequence length, precision and IndexCache."""
+        base = get_preset(self.model)
+        return replace(
+            base,
+            seq_length=self.seq_length or base.seq_length,
+            precision=self.precision,
+            index_cache=replace(base.index_cache, enabled=self.index_cache),
+        ).validate()
+
+    def check(self) -> Recipe:
+        """Raise RecipeError naming every inconsistent or refused setting; return self."""
+        problems: list[str] = []
+        if self.model not in PRESETS:
+            problems.append(f"model {self.model!r} is not a preset ({', '.join(sorted(PRESETS))})")
+        for name in ("nodes", "gpus_per_node", "tp", "pp", "ep", "micro_batch", "global_batch", "steps", "log_interval", "save_interval"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if problems:
+            raise RecipeError(self.name, problems)
+        if self.world_size % (self.tp * self.pp):
+            problems.append(f"world size {self.world_size} is not divisible by tp*pp = {self.tp * self.pp}")
+        elif self.data_parallel % self.ep:
+            problems.append(
+                f"expert parallel {self.ep} must divide the data-parallel size {self.data_parallel} (world {self.world_size} / tp*pp)"
+            )
+        if self.tp != 1:
+            problems.append(f"tp={self.tp}: NAM56R's Mamba-3 mixer and the fused linear CE run at tensor parallel 1 only")
+        model = self.model_config()
+        from nam56r.model.fused_constraints import fused_kernel_problems
+
+        problems += [f"model {model.name}: {p}" for p in fused_kernel_problems(model)]
+        if model.moe.num_experts % self.ep:
+            problems.append(f"expert parallel {self.ep} does not divide the {model.moe.num_experts} experts of {self.model}")
+        per_step = self.micro_batch * max(self.data_parallel, 1)
+        if self.global_batch % per_step:
+            problems.append(
+                f"global_batch {self.global_batch} is not a multiple of micro_batch x data-parallel"
+                f" = {self.micro_batch} x {self.data_parallel}"
+            )
+        if self.cuda_graphs and self.pp == 1:
+            problems.append(
+                "cuda_graphs at pp=1 refused: the original team measured TE's CUDA-graph private pool at 39.5 GiB, which OOMs "
+                "the PP=1 topologies; use pp>1 or leave cuda_graphs off"
+            )
+        if self.cuda_graphs and self.backend == "local":
+            problems.append("cuda_graphs needs the te backend (Megatron's TE graph capture); this recipe asks for backend 'local'")
+        if self.precision == "fp8-tensorwise" and self.backend == "local":
+            problems.append("precision fp8-tensorwise needs TransformerEngine (backend 'te'); the local backend trains in bf16")
+        if self.compile_mamba_elementwise:
+            problems.append(
+                "compile_mamba_elementwise: the regional torch.compile of Mamba-3's elementwise regions is not wired into "
+                "training: at NAM56R's shape it is no faster than the eager region (`nox -s bench -- kernels`, case "
+                "'mamba3 adt region mb8'); leave it off"
+            )
+        if self.min_lr > self.lr:
+            problems.append(f"min_lr {self.min_lr} exceeds lr {self.lr}")
+        if self.warmup_steps >= self.steps:
+            problems.append(f"warmup_steps {self.warmup_steps} must be below steps {self.steps} (set it with --warmup)")
+        if problems:
+            raise RecipeError(self.name, problems)
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RecipeError(ValueError):
+    def __init__(self, recipe: str, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(f"recipe {recipe!r}:\n  - " + "\n  - ".join(problems))
+
+
+def tiny_1gpu() -> Recipe:
+    return Recipe(
+        name="tiny-1gpu",
+        model="nam56r-tiny",
+        description="toy sizes on any one GPU: smoke runs and the resume check (minutes)",
+        micro_batch=8,
+        global_batch=16,
+        steps=200,
+        lr=1e-3,
+        min_lr=1e-4,
+        warmup_steps=10,
+        eval_interval=50,
+        save_interval=50,
+    )
+
+
+def proxy_1gpu() -> Recipe:
+    return Recipe(
+        name="proxy-1gpu",
+        model="nam56r-proxy",
+        description="16-layer proxy at canonical widths on one H100/H200, bf16",
+        micro_batch=1,
+        global_batch=8,
+        steps=300,
+        save_interval=100,
+    )
+
+
+def h200x2_ep2() -> Recipe:
+    return Recipe(
+        name="h200x2-ep2",
+        model="nam56r-proxy",
+        description="the proxy on 2xH200 with expert parallel 2",
+        gpus_per_node=2,
+        ep=2,
+        micro_batch=2,
+        global_batch=16,
+        steps=300,
+    )
+
+
+def h200x8_bf16() -> Recipe:
+    return Recipe(
+        name="h200x8-bf16",
+        model="nam56r",
+        description="the original team's best BF16 topology: 8xH200, PP=1 EP=4 MBS=8 (their 289 TFLOP/s/GPU)",
+        gpus_per_node=8,
+        ep=4,
+        micro_batch=8,
+        global_batch=64,
+        steps=10_000,
+        index_cache=True,
+        save_interval=500,
+        eval_interval=500,
+    )
+
+
+def h200x8_fp8() -> Recipe:
+    return Recipe(
+        name="h200x8-fp8",
+        model="nam56r",
+        description="the original team's FP8 topology: 8xH200, PP=1 EP=8 MBS=10, FP8 tensorwise (their 268 TFLOP/s/GPU); needs TE",
+        gpus_per_node=8,
+        ep=8,
+        micro_batch=10,
+        global_batch=80,
+        steps=10_000,
+        precision="fp8-tensorwise",
+        backend="te",
+        index_cache=True,
+        save_interval=500,
+        eval_interval=500,
+    )
+
+
+RECIPES: dict[str, Callable[[], Recipe]] = {
+    "tiny-1gpu": tiny_1gpu,
+    "proxy-1gpu": proxy_1gpu,
+    "h200x2-ep2": h200x2_ep2,
+    "h200x8-bf16": h200x8_bf16,
+    "h200x8-fp8": h200x8_fp8,
+}
+
+
+def get_recipe(name: str, **overrides: object) -> Recipe:
+    """The recipe called `name` with `overrides` (field name -> value; None values are ignored), checked."""
+    if name not in RECIPES:
+        raise KeyError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}")
+    known = {f.name for f in fields(Recipe)}
+    unknown = set(overrides) - known
+    if unknown:
+        raise KeyError(f"unknown recipe fields {sorted(unknown)}; known: {', '.join(sorted(known))}")
+    recipe = RECIPES[name]()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return replace(recipe, **given).check() if given else recipe.check()

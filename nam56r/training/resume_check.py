@@ -1,0 +1,151 @@
+"""Train, checkpoint, resume: a run resumed from its step-K checkpoint must repeat the uninterrupted
+run's steps K+1..N.
+
+Both runs go through `python -m nam56r.training.train` (the real launcher, Megatron's `pretrain`) on a small
+corpus built from this machine's PyTorch headers. `python -m nam56r.training.gpu_check` runs it at 20 steps
+resumed from 10; tests/nam56r/test_gpu_train.py at 40 resumed from 20. The first run of a recipe on a
+fresh node compiles the TileLang kernels (a minute or more); later runs find them in TileLang's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from nam56r import CHECKOUT_ROOT
+from nam56r.training.logged_run import LoggedRun, run_logged
+from nam56r.training.run_dir import RunDir
+from nam56r.training.runlog import LOSS_TAG, compare_loss_curves, headline, loss_curve, resolve_tensorboard_dir
+
+ROOT = CHECKOUT_ROOT
+
+
+@dataclass(frozen=True)
+class ResumeCheck:
+    recipe: str = "tiny-1gpu"
+    steps: int = 20
+    resume_at: int = 10  # the uninterrupted run saves here; the second run resumes from it
+    warmup: int = 4
+    tolerance: float = 0.02  # largest |lm loss difference| allowed on the resumed steps
+    timeout_s: float = 1800.0  # per run; the first compiles the TileLang kernels
+
+    def __post_init__(self) -> None:
+        if not 0 < self.resume_at < self.steps:
+            raise ValueError(f"resume_at {self.resume_at} must lie strictly between 0 and steps {self.steps}")
+        if self.warmup >= self.steps:
+            raise ValueError(f"warmup {self.warmup} must be below steps {self.steps}")
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """One `python -m nam56r.training.train` run in `run_dir`, as launched."""
+
+    name: str
+    run_dir: Path
+    launch: LoggedRun
+
+    @property
+    def exit_code(self) -> int:
+        return self.launch.exit_code
+
+    def summary(self) -> dict | None:
+        path = RunDir(self.run_dir).summary
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def figures(self) -> dict:
+        """How it ran, and its headline figures from its summary.json (None where the run wrote none)."""
+        return {"run_dir": str(self.run_dir), "command": self.launch.command, "exit_code": self.exit_code,
+                "seconds": round(self.launch.seconds, 1), "log": str(self.launch.log), **asdict(headline(self.summary() or {}))}
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    check: ResumeCheck
+    runs: tuple[TrainRun, ...]  # the uninterrupted run, then the resumed one (absent if the first failed)
+    max_abs_loss_diff: float | None
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def build_tiny_data(out: Path, vocab_size: int, max_docs: int = 600) -> Path:
+    """A small corpus (the first `max_docs` PyTorch headers) in `out`, unless one is already there."""
+    from nam56r.training.data import MANIFEST, CorpusConfig, build, torch_include_dir
+
+    if not (out / MANIFEST).is_file():
+        build(out, vocab_size, CorpusConfig(sources=(torch_include_dir(),), max_docs=max_docs))
+    return out
+
+
+def train_run(name: str, run_dir: Path, args: list[str], python: str = sys.executable, timeout_s: float = 1800.0,
+              echo: bool = True) -> LoggedRun:
+    """`python -m nam56r.training.train ARGS --run-dir RUN_DIR`, its output in RUN_DIR.log (echoed as '[train NAME] ...')."""
+    cut = args.index("--") if "--" in args else len(args)  # Megatron's extra flags stay last
+    command = [python, "-m", "nam56r.training.train", *args[:cut], "--run-dir", str(run_dir), *args[cut:]]
+    return run_logged(command, run_dir.with_name(run_dir.name + ".log"), f"train {name}", ROOT, timeout_s, echo)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)  # summary.json writes a non-finite loss as null
+
+
+def assess(check: ResumeCheck, full: TrainRun, resumed: TrainRun | None) -> ResumeResult:
+    """Judge the runs from their run directories: both finished and summarized, the uninterrupted
+    run's loss fell, the resumed run starts at step resume_at+1, and its losses repeat the
+    uninterrupted run's within the tolerance. `resumed` is None when the first run failed."""
+    runs = (full,) if resumed is None else (full, resumed)
+    problems = []
+    for run in runs:
+        if run.exit_code != 0:
+            problems.append(f"the {run.name} run exited {run.exit_code}; its log ends:\n{run.launch.tail()}")
+        elif run.summary() is None:
+            problems.append(f"the {run.name} run wrote no {RunDir(run.run_dir).summary}")
+    if resumed is None and not problems:
+        problems.append("the resumed run did not run")
+    if problems or resumed is None:
+        return ResumeResult(check, runs, None, tuple(problems))
+    figures = full.figures()
+    if not (_finite(figures["loss_first"]) and _finite(figures["loss_last"])):
+        problems.append(f"the full run's {LOSS_TAG} is not finite: {figures['loss_first']} -> {figures['loss_last']}")
+    elif figures["loss_last"] >= figures["loss_first"]:
+        problems.append(f"the full run's {LOSS_TAG} did not fall: {figures['loss_first']:.4f} -> {figures['loss_last']:.4f}")
+    diff = None
+    try:
+        full_curve = loss_curve(resolve_tensorboard_dir(full.run_dir))
+        resumed_curve = loss_curve(resolve_tensorboard_dir(resumed.run_dir))
+        if resumed_curve[0][0] != check.resume_at + 1:
+            problems.append(f"the resumed run's first logged step is {resumed_curve[0][0]}, not {check.resume_at + 1}:"
+                            " it did not continue from its checkpoint")
+        diff = compare_loss_curves(full_curve, resumed_curve, range(check.resume_at + 1, check.steps + 1))
+    except (FileNotFoundError, ValueError) as exc:
+        problems.append(f"cannot compare the resumed steps with the uninterrupted run: {exc}")
+    if diff is not None and not diff < check.tolerance:
+        problems.append(f"resumed steps {check.resume_at + 1}-{check.steps} differ from the uninterrupted run by up to"
+                        f" {diff:.5f} (tolerance {check.tolerance})")
+    return ResumeResult(check, runs, diff, tuple(problems))
+
+
+def run_resume_check(check: ResumeCheck, out_dir: Path, data: Path, python: str = sys.executable,
+                     megatron_flags: tuple[str, ...] = (), echo: bool = True) -> ResumeResult:
+    """The uninterrupted run (checkpoints at resume_at and at the end) in OUT/full, then the run resumed
+    from its step-resume_at checkpoint in OUT/resumed, judged by `assess`. `megatron_flags` go to both
+    runs after `--`."""
+    common = ["--recipe", check.recipe, "--warmup", str(check.warmup), "--steps", str(check.steps), "--data", str(data)]
+    full_dir, resumed_dir = out_dir / "full", out_dir / "resumed"
+    extra = ["--", *megatron_flags] if megatron_flags else []
+    launch = train_run("full", full_dir, [*common, "--save-interval", str(check.resume_at), *extra], python, check.timeout_s, echo)
+    full = TrainRun("full", full_dir, launch)
+    if full.exit_code != 0:
+        return assess(check, full, None)
+    launch = train_run(
+        "resumed", resumed_dir,
+        [*common, "--save-interval", str(check.steps), "--load", str(RunDir(full_dir).checkpoints),
+         "--save", str(RunDir(resumed_dir).checkpoints), "--", *megatron_flags, "--ckpt-step", str(check.resume_at)],
+        python, check.timeout_s, echo,
+    )
+    return assess(check, full, TrainRun("resumed", resumed_dir, launch))

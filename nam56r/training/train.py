@@ -1,0 +1,367 @@
+"""Train NAM56R: a recipe, lowered to Megatron's flags, launched with torchrun.
+
+    python -m nam56r.training.train --recipe proxy-1gpu --dry-run     # print everything, start nothing (any machine)
+    python -m nam56r.training.train --recipe proxy-1gpu               # one GPU, default data
+    python -m nam56r.training.train --recipe h200x8-bf16 --steps 2000 --save /ckpt/run1
+    python -m nam56r.training.train --recipe h200x8-bf16 --load /ckpt/run1 --save /ckpt/run1   # resume
+    python -m nam56r.training.train --recipe h200x8-bf16 --nodes 4 --slurm-script job.sbatch    # several nodes
+
+Before launching it checks the recipe (`nam56r.training.recipe`), then the data (`nam56r.training.data_checks`): the
+--data path exists; each train and valid .idx reads with Megatron's index reader, each .bin holds
+exactly the bytes its index points at, opens with Megatron's IndexedDataset and holds tokens; no
+token id reaches the model's vocabulary and every document ends in EOD; the tokenizer loads and
+fits the vocabulary. Bad data stops the launch before any GPU work with `error: bad data: FILE ...`
+naming the fix, and exit status 2, dry runs included. Then Megatron's own parser validates every
+flag and derives the model config (which must match ours), and the preflight runs (patches applied
+and unmodified, fused kernels importable, a Hopper GPU). Without `--data` it trains on the default
+C/C++ corpus (`python -m nam56r.training.data build`), built on first use. Runs write to `--run-dir`
+(default `runs/<recipe>-<time>`): the command, the model config, per-rank logs, TensorBoard
+events, and at the end `metrics.jsonl`, `summary.json` and `loss_throughput.png`. Checkpoints are
+never deleted; a `--save` directory that already holds a checkpoint is refused unless it is also
+`--load` (a resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nam56r import CHECKOUT_ROOT, VERBOSE_ENV, show_known_warnings
+from nam56r.model.presets import PRESETS
+from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
+from nam56r.training.megatron_args import (
+    DataPaths,
+    RunPaths,
+    architecture_mismatches,
+    lower,
+    megatron_validate,
+    refused_flags,
+    transformer_config_from_args,
+)
+from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
+from nam56r.training.run_dir import RunDir
+
+ROOT = CHECKOUT_ROOT
+CHECKPOINT_MARKER = "latest_checkpointed_iteration.txt"
+
+
+class TrainError(RuntimeError):
+    pass
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m nam56r.training.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--recipe", default="proxy-1gpu", choices=sorted(RECIPES), help="named run shape (default proxy-1gpu)")
+    parser.add_argument("--list", action="store_true", help="list the recipes and exit")
+    parser.add_argument("--dry-run", action="store_true", help="print the checks, the preflight and the exact command; start nothing")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every upstream warning, including the known ones filtered by default")
+    shape = parser.add_argument_group("overrides of the recipe")
+    shape.add_argument("--model", choices=sorted(PRESETS), help="model preset (e.g. nam56r on a recipe whose default is the proxy)")
+    shape.add_argument("--mbs", type=int, dest="micro_batch", help="micro-batch size per GPU")
+    shape.add_argument("--gbs", type=int, dest="global_batch", help="global batch size (sequences per step)")
+    shape.add_argument("--steps", type=int, help="training steps")
+    shape.add_argument("--seq", type=int, dest="seq_length", help="sequence length")
+    shape.add_argument("--ep", type=int, help="expert-parallel size")
+    shape.add_argument("--pp", type=int, help="pipeline-parallel size")
+    shape.add_argument("--nodes", type=int, help="number of nodes")
+    shape.add_argument("--gpus-per-node", type=int, help="GPUs per node")
+    shape.add_argument("--lr", type=float, help="peak learning rate")
+    shape.add_argument("--warmup", type=int, dest="warmup_steps", help="learning-rate warm-up steps (below --steps)")
+    shape.add_argument("--save-interval", type=int, help="steps between checkpoints")
+    shape.add_argument("--backend", choices=("auto", "te", "local"), help="layer backend (auto: TE when installed)")
+    shape.add_argument("--index-cache", choices=("on", "off"), help="IndexCache for the DSA layers")
+    shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
+    io_group = parser.add_argument_group("data, checkpoints, outputs")
+    io_group.add_argument(
+        "--data", type=Path, help="a data directory with data.json (nam56r.training.data build/convert) or a train prefix (.bin/.idx)"
+    )
+    io_group.add_argument("--valid-data", type=Path, help="validation prefix, when --data is a prefix")
+    io_group.add_argument("--tokenizer", type=Path, help="HuggingFace tokenizer directory, when --data is a prefix")
+    io_group.add_argument("--save", type=Path, help="checkpoint directory (default RUN_DIR/checkpoints)")
+    io_group.add_argument("--load", type=Path, help="resume from this checkpoint directory")
+    io_group.add_argument("--no-save", action="store_true", help="write no checkpoint (throughput runs); refused with --save")
+    io_group.add_argument("--run-dir", type=Path, help="logs, events, summary and plot (default runs/<recipe>-<time>)")
+    multi = parser.add_argument_group("several nodes")
+    multi.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0 (run the same command on every node)")
+    multi.add_argument("--node-rank", type=int, default=0, help="this node's rank, with --rdzv-endpoint")
+    multi.add_argument("--slurm-script", type=Path, help="write an sbatch script for the run instead of launching")
+    parser.add_argument("megatron_extra", nargs="*", help="extra Megatron flags after `--` (mock data and the null tokenizer are refused)")
+    args = parser.parse_args(argv)
+    return args, list(args.megatron_extra)
+
+
+def recipe_from(args: argparse.Namespace) -> Recipe:
+    on_off = {"on": True, "off": False, None: None}
+    return get_recipe(
+        args.recipe,
+        model=args.model,
+        micro_batch=args.micro_batch,
+        global_batch=args.global_batch,
+        steps=args.steps,
+        seq_length=args.seq_length,
+        ep=args.ep,
+        pp=args.pp,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        save_interval=args.save_interval,
+        backend=args.backend,
+        index_cache=on_off[args.index_cache],
+        cuda_graphs=on_off[args.cuda_graphs],
+    )
+
+
+@dataclass(frozen=True)
+class DataChoice:
+    paths: DataPaths
+    ready: bool
+    note: str
+
+
+def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
+    """The data the run reads: --data (a directory with data.json, or a prefix with --tokenizer), else
+    the default corpus for the model's vocab size (possibly not built yet)."""
+    from nam56r.training.data import MANIFEST, SPLIT_PREFIXES, TOKENIZER_DIR, default_data_dir
+
+    if args.data is None:
+        directory = default_data_dir(vocab_size)
+        if not (directory / MANIFEST).is_file():
+            build = f"python -m nam56r.training.data build --vocab-size {vocab_size} --out {directory}"
+            placeholder = DataPaths(directory / SPLIT_PREFIXES["train"], directory / SPLIT_PREFIXES["valid"], directory / TOKENIZER_DIR)
+            return DataChoice(placeholder, False, f"default C/C++ corpus not built yet; the launch builds it first ({build})")
+        return DataChoice(_built_data(directory, vocab_size), True, f"default corpus {directory}")
+    if args.data.is_dir():
+        if given := [flag for flag, value in (("--tokenizer", args.tokenizer), ("--valid-data", args.valid_data)) if value]:
+            raise TrainError(
+                f"--data {args.data} is a data directory, which names its own tokenizer and valid split in data.json: "
+                f"drop {' and '.join(given)}, or pass a prefix (PREFIX.bin/.idx) as --data"
+            )
+        return DataChoice(_built_data(args.data, vocab_size), True, f"{args.data}/data.json")
+    prefix = args.data
+    if not prefix.exists() and not prefix.with_name(prefix.name + ".bin").exists():
+        raise TrainError(
+            f"--data {prefix} does not exist: give a data directory with data.json (`python -m nam56r.training.data build --out DIR`) "
+            f"or a dataset prefix (PREFIX.bin and PREFIX.idx, with --tokenizer)"
+        )
+    for suffix in (".bin", ".idx"):
+        if not prefix.with_name(prefix.name + suffix).is_file():
+            raise TrainError(
+                f"--data {prefix}: {prefix}{suffix} not found (give a prefix without .bin/.idx, or a directory with data.json)"
+            )
+    if args.tokenizer is None or not args.tokenizer.is_dir():
+        raise TrainError(f"--data {prefix} is a bare prefix: pass --tokenizer DIR (a HuggingFace tokenizer directory)")
+    return DataChoice(DataPaths(prefix, args.valid_data, args.tokenizer), True, f"prefix {prefix}")
+
+
+def check_data_or_refuse(data: DataChoice, vocab_size: int) -> str:
+    """Refuse, before any GPU work, data the model cannot train on (`nam56r.training.data_checks`); dry runs too.
+    Returns what was checked, one line."""
+    from nam56r.training.data_checks import DataCheckError, check_data
+
+    try:
+        return check_data(data.paths, vocab_size).summary()
+    except DataCheckError as exc:
+        raise TrainError(f"bad data: {exc}") from None
+
+
+def _built_data(directory: Path, vocab_size: int) -> DataPaths:
+    """The prefixes and tokenizer of a directory written by `nam56r.training.data build`/`convert`, checked against the model's vocab."""
+    from nam56r.training.data import read_data_manifest
+
+    try:
+        manifest = read_data_manifest(directory)
+        manifest.check_vocab(vocab_size)
+    except FileNotFoundError as exc:
+        prefixes = sorted(p.with_suffix("") for p in Path(directory).glob("*.idx"))
+        hint = f"; or pass one of its prefixes as --data, with --tokenizer: {', '.join(map(str, prefixes))}" if prefixes else ""
+        raise TrainError(f"{exc}{hint}") from None
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
+    return DataPaths(manifest.train_prefix, manifest.valid_prefix, manifest.tokenizer_dir)
+
+
+def choose_run_paths(args: argparse.Namespace, recipe: Recipe) -> RunPaths:
+    if recipe.nodes > 1 and not args.slurm_script and args.run_dir is None:
+        raise TrainError(
+            f"{recipe.nodes} nodes: pass --run-dir on a filesystem every node shares, the same on each node "
+            "(the default name carries the launch time, which differs between nodes)"
+        )
+    run_dir = args.run_dir or ROOT / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.no_save and args.save is not None:
+        raise TrainError("--no-save and --save contradict each other: pass one")
+    save = None if args.no_save else args.save or RunDir(run_dir).checkpoints
+    load = args.load
+    if save is not None and (save / CHECKPOINT_MARKER).is_file() and (load is None or load.resolve() != save.resolve()):
+        raise TrainError(
+            f"--save {save} already holds a checkpoint ({CHECKPOINT_MARKER}); to continue it pass --load {save}, "
+            "otherwise choose another --save (checkpoints are never overwritten or deleted)"
+        )
+    if load is not None and not (load / CHECKPOINT_MARKER).is_file():
+        raise TrainError(f"--load {load}: no Megatron checkpoint there ({CHECKPOINT_MARKER} missing)")
+    return RunPaths(run_dir=run_dir, save=save, load=load)
+
+
+def resolve_backend_for(recipe: Recipe, dry_run: bool) -> tuple[str, str | None]:
+    """The layer backend, and a problem to report when TE is asked for but absent (a dry run still prints the command)."""
+    from nam56r.model.specs import resolve_backend
+
+    try:
+        return resolve_backend(recipe.backend), None
+    except RuntimeError as exc:
+        if not dry_run:
+            raise TrainError(str(exc)) from None
+        return "te", str(exc)
+
+
+def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> str:
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            margs = megatron_validate(argv, recipe.world_size)
+            megatron_cfg = transformer_config_from_args(margs)
+        except (AssertionError, ValueError, SystemExit) as exc:
+            raise TrainError(f"Megatron's argument checks rejected the lowered flags: {type(exc).__name__}: {exc}") from None
+        mismatches = architecture_mismatches(model, megatron_cfg)
+    if mismatches:
+        raise TrainError("the flags describe another model than the config:\n  " + "\n  ".join(mismatches))
+    return f"validated by Megatron's parser as {recipe.world_size} rank(s); its model config matches NAM56R's ({len(argv)} args)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(argv)
+    if args.verbose:  # for this process, before it imports Megatron; `launch_env` passes it to torchrun's ranks
+        os.environ[VERBOSE_ENV] = "1"
+        show_known_warnings()
+    if args.list:
+        for name, make in RECIPES.items():
+            r = make()
+            shape = f"{r.world_size} GPU  pp={r.pp} ep={r.ep} mbs={r.micro_batch} gbs={r.global_batch}"
+            print(f"{name:14s} {r.model:14s} {shape:34s} {r.precision:15s} {r.description}")
+        return 0
+    try:
+        return run(args, extra)
+    except (TrainError, RecipeError, LaunchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    from nam56r.training.preflight import run_preflight
+
+    recipe = recipe_from(args)
+    model = recipe.model_config()
+    if refused := refused_flags(extra):
+        raise TrainError(f"refused for real runs: {', '.join(refused)}")
+    backend, backend_problem = resolve_backend_for(recipe, args.dry_run)
+    data = choose_data(args, model.vocab_size)
+    checked = check_data_or_refuse(data, model.vocab_size) if data.ready else "not yet: checked at launch, once built"
+    run_paths = choose_run_paths(args, recipe)
+    megatron_argv = lower(recipe, model, data.paths, run_paths, backend) + extra
+    env = launch_env(args)
+    rendezvous = Rendezvous(args.rdzv_endpoint, args.node_rank) if args.rdzv_endpoint else None
+    cmd = torchrun_command(recipe, megatron_argv, run_paths.layout.logs, rendezvous) if not args.slurm_script else []
+
+    print(
+        f"recipe: {recipe.name} ({recipe.description}); model {model.name}, {recipe.world_size} GPU(s), "
+        f"tp={recipe.tp} pp={recipe.pp} ep={recipe.ep} dp={recipe.data_parallel}, mbs={recipe.micro_batch} gbs={recipe.global_batch}, "
+        f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}"
+    )
+    print(f"data: {data.note}")
+    print(f"data checked: {checked}")
+    print(
+        f"run dir: {run_paths.run_dir}; checkpoints: " + (f"save {run_paths.save}" if run_paths.save else "none (--no-save)")
+        + (f", resume from {run_paths.load}" if run_paths.load else "")
+    )
+    report = run_preflight(model)
+    if backend_problem:
+        report.add("backend", False, backend_problem)
+    try:
+        print(f"megatron flags: {validate_with_megatron(megatron_argv, recipe, model)}")
+    except TrainError as exc:
+        if not args.dry_run:
+            raise
+        report.add("megatron flags", False, str(exc))
+    print("preflight:")
+    print(report.format())
+    print(f"preflight: {'passed' if not report.failures else f'{len(report.failures)} check(s) failed'}")
+
+    if args.slurm_script:
+        script = slurm_script(recipe, megatron_argv, run_paths.run_dir, ROOT)
+        if args.verbose:
+            print(f"--verbose: the script does not set {VERBOSE_ENV}; `export {VERBOSE_ENV}=1` before sbatch (srun passes it on)")
+        if args.dry_run:
+            print(f"slurm script ({args.slurm_script}, not written: dry run):\n{script}")
+            return _dry_run_status(report)
+        _ensure_data(data, model.vocab_size)
+        _write_run_files(run_paths, model, recipe, script)
+        args.slurm_script.write_text(script)
+        print(f"wrote {args.slurm_script}: submit with `sbatch {args.slurm_script}` from a node that shares this filesystem")
+        return 0
+    print("command:")
+    print(shell_line(env, cmd))
+    if args.dry_run:
+        return _dry_run_status(report)
+    if report.failures:
+        raise TrainError("preflight failed; fix the checks above (the command is printed for reference)")
+    _ensure_data(data, model.vocab_size)
+    _write_run_files(run_paths, model, recipe, shell_line(env, cmd))
+    proc = subprocess.run(cmd, env={**os.environ, **env}, cwd=ROOT)
+    if proc.returncode == 0 and args.node_rank == 0:
+        _summarize(run_paths, model, recipe)
+    return proc.returncode
+
+
+def launch_env(args: argparse.Namespace) -> dict[str, str]:
+    """The variables the launcher sets for torchrun and its ranks (printed with the command)."""
+    return runtime_env(os.environ) | ({VERBOSE_ENV: "1"} if args.verbose else {})
+
+
+def _dry_run_status(report) -> int:
+    """A dry run on a machine without a GPU still succeeds; flags Megatron rejects do not."""
+    return 1 if any(check.name == "megatron flags" for check in report.failures) else 0
+
+
+def _write_run_files(run: RunPaths, model, recipe: Recipe, command: str) -> None:
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    run.layout.model_config.write_text(json.dumps(model.to_dict(), indent=2))
+    run.layout.recipe.write_text(json.dumps(recipe.to_dict(), indent=2))
+    run.layout.command.write_text(command + "\n")
+
+
+def _ensure_data(data: DataChoice, vocab_size: int) -> None:
+    """Build the default corpus when it is missing. The build writes exactly the paths already lowered
+    into the flags (checked), so nothing is lowered, validated or printed a second time."""
+    if data.ready:
+        return
+    from nam56r.training.data import CorpusConfig, build, default_data_dir, format_summary, torch_include_dir
+
+    directory = default_data_dir(vocab_size)
+    print(f"building the default C/C++ corpus for vocab {vocab_size} into {directory} (once)", flush=True)
+    command = ["python", "-m", "nam56r.training.data", "build", "--vocab-size", str(vocab_size), "--out", str(directory)]
+    print(format_summary(directory, build(directory, vocab_size, CorpusConfig(sources=(torch_include_dir(),)), command=command)))
+    if (built := _built_data(directory, vocab_size)) != data.paths:
+        raise TrainError(f"the default corpus was built as {built}, not at the paths in the flags ({data.paths})")
+    print(f"data checked: {check_data_or_refuse(data, vocab_size)}")
+
+
+def _summarize(run: RunPaths, model, recipe: Recipe) -> None:
+    from nam56r.training.runlog import summarize_run
+
+    summary = summarize_run(run.layout.tensorboard, model, model.seq_length, recipe.world_size, run.run_dir)
+    print(f"summary: {run.layout.summary}; plot: {run.layout.plot}")
+    print(summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
