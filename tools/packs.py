@@ -7,7 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 try:
-    from nam56r_patchlane.packs_cli import main  # noqa: E402
+    from nam56r_patchlane.packs.cli import main  # noqa: E402
 except ModuleNotFoundError as exc:
     if exc.name != "git":
         raise

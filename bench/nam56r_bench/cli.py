@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nam56r_bench.harness import ROOT, BenchError, Context, stamp, write_suite
 from nam56r_bench.suites import SUITES
-from nam56r_bench.training import RECIPES
+from nam56r_bench.training_suites import RECIPES
 
 DEFAULT_OUT = ROOT / "docs" / "bench"
 

@@ -7,14 +7,15 @@ import datetime as dt
 import json
 import platform
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from nam56r import CHECKOUT_ROOT
+
+ROOT = CHECKOUT_ROOT
 
 
 class BenchError(RuntimeError):
@@ -37,7 +38,7 @@ class Row:
 class Context:
     out_dir: Path
     quick: bool  # fewer repetitions and smaller sweeps (a smoke run, not a result)
-    models: tuple[str, ...] = ()  # the training suites' models (nam56r_bench.training.RECIPES keys); () = the suite's default
+    models: tuple[str, ...] = ()  # the training suites' models (nam56r_bench.training_suites.RECIPES keys); () = the suite's default
     cache: Path | None = None  # the tooling suite's artifact cache; None = the patch lane's default
 
 
@@ -63,18 +64,18 @@ def stamp() -> dict[str, Any]:
             info["gpu_count"] = torch.cuda.device_count()
     except ImportError:
         pass
-    info["commit"] = _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]) or "unknown"
-    info["dirty"] = bool(_run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"]))
+    info["commit"], info["dirty"] = checkout_commit(ROOT)
     info["upstreams"] = _upstream_pins()
     return info
 
 
-def _run(command: list[str]) -> str:
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return proc.stdout.strip() if proc.returncode == 0 else ""
+def checkout_commit(root: Path) -> tuple[str, bool | None]:
+    """(HEAD of the git checkout whose top is `root`, whether its tracked files differ from it), or
+    ("unknown", None) outside one (`nam56r_patchlane.checkout_state`): a bench result still stands without it."""
+    from nam56r_patchlane.checkout_state import checkout_state
+
+    state = checkout_state(root)
+    return (state.commit, state.dirty) if state.commit is not None else ("unknown", None)
 
 
 def _upstream_pins() -> dict[str, str]:

@@ -1,7 +1,8 @@
 """NAM56R on Megatron's HybridModel: config translation, the model class and its builder.
 
-`megatron_config(config)` is the only place our `ModelConfig` becomes Megatron's
-`MLATransformerConfig`; `build_model` builds the whole model (on the meta device for counting,
+`megatron_config(config)` is our `ModelConfig` as Megatron's `MLATransformerConfig` for builds
+outside training, from the architecture table (`nam56r.model.megatron_fields`) the training flags
+come from too; `build_model` builds the whole model (on the meta device for counting,
 on a GPU for training) from the pattern translation (`nam56r.model.pattern`) and the specs
 (`nam56r.model.specs`).
 """
@@ -22,14 +23,9 @@ from nam56r.model.config import ModelConfig
 from nam56r.model.dsa_index_cache import topk_cache_for
 from nam56r.model.embedding import NgramHashEmbedding
 from nam56r.model.local_layers import parameter_device
+from nam56r.model.megatron_fields import transformer_config_fields
 from nam56r.model.pattern import MEGATRON_SYMBOL, LayerKind, LayerLayout, layout_of
 from nam56r.model.specs import Backend, hybrid_stack_spec
-
-# Fields of `megatron_config_fields` that describe how a model runs, not what it is: the
-# training launcher takes these from Megatron's arguments (parallelism, precision, dispatcher).
-RUNTIME_FIELDS = frozenset(
-    {"params_dtype", "bf16", "fp8", "use_cpu_initialization", "perform_initialization", "moe_token_dispatcher_type", "moe_grouped_gemm"}
-)
 
 
 def megatron_config(config: ModelConfig, *, params_dtype: torch.dtype = torch.float32, meta: bool = False) -> MLATransformerConfig:
@@ -39,56 +35,14 @@ def megatron_config(config: ModelConfig, *, params_dtype: torch.dtype = torch.fl
 
 
 def megatron_config_fields(config: ModelConfig, *, params_dtype: torch.dtype = torch.float32, meta: bool = False) -> dict:
-    """The MLATransformerConfig fields NAM56R sets; every other field keeps Megatron's default."""
-    layout = layout_of(config)
-    mla, dsa, moe = config.mla, config.dsa, config.moe
-    return dict(
-        num_layers=len(layout.main),
-        hidden_size=config.hidden_size,
-        num_attention_heads=mla.num_heads,
-        ffn_hidden_size=config.mtp.dense_ffn,  # the only dense MLPs are the MTP heads'
-        normalization="RMSNorm",
-        layernorm_epsilon=config.norm_epsilon,
-        add_bias_linear=False,
-        gated_linear_unit=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        init_method_std=config.init_std,
+    """The MLATransformerConfig fields NAM56R sets: the architecture (`nam56r.model.megatron_fields`, which
+    the training command's flags also come from) and how this build runs; every other field keeps Megatron's
+    default. Training takes the second part from Megatron's arguments (parallelism, precision)."""
+    return transformer_config_fields(config) | dict(
         params_dtype=params_dtype,
         bf16=config.precision in ("bf16", "fp8-tensorwise"),
         fp8="tensorwise" if config.precision == "fp8-tensorwise" else None,
-        # Multi-head latent attention (full MLA and the DSA layers)
-        multi_latent_attention=True,
-        q_lora_rank=mla.q_lora_rank,
-        kv_lora_rank=mla.kv_lora_rank,
-        qk_head_dim=mla.qk_head_dim,
-        qk_pos_emb_head_dim=mla.qk_rope_head_dim,
-        v_head_dim=mla.v_head_dim,
-        qk_layernorm=True,
-        rope_type="rope",
-        rotary_base=config.rope_base,
-        # DSA
-        experimental_attention_variant="dsa",
-        dsa_indexer_n_heads=dsa.indexer_heads,
-        dsa_indexer_head_dim=dsa.indexer_head_dim,
-        dsa_indexer_topk=dsa.topk,
-        dsa_indexer_loss_coeff=dsa.indexer_loss_coeff,
-        dsa_indexer_rotate_activation=dsa.rotate_activation,
-        dsa_indexer_use_sparse_loss=dsa.sparse_indexer_loss,
-        # MoE
-        num_moe_experts=moe.num_experts,
-        moe_router_topk=moe.topk,
-        moe_ffn_hidden_size=moe.expert_ffn,
-        moe_shared_expert_intermediate_size=moe.shared_expert_ffn or None,
-        moe_router_score_function=moe.score_function,
-        moe_router_enable_expert_bias=moe.expert_bias,
-        moe_router_load_balancing_type="seq_aux_loss",
-        moe_aux_loss_coeff=moe.aux_loss_coeff,
-        moe_router_dtype="fp32",
-        moe_token_dispatcher_type="alltoall",
         moe_grouped_gemm=False,
-        # MTP
-        mtp_num_layers=config.mtp.depths or None,
         # Parameters: allocated without initialization on the meta device when counting.
         use_cpu_initialization=True,
         perform_initialization=not meta,
@@ -235,7 +189,7 @@ def build_model(
 
     `megatron_cfg`: the training path's config, derived by Megatron from the launcher's flags (its
     parallelism, precision and runtime fields); the caller has checked its architecture against
-    `config` (`nam56r.training.megatron_args.architecture_mismatches`). Its runtime fields are set here for
+    `config` (`nam56r.model.megatron_fields.architecture_mismatches`). Its runtime fields are set here for
     the device (initialization, dispatcher, DSA kernels). `pre_process`/`post_process`: this
     pipeline stage holds the embedding / the output head. `seed`: seeds the model-parallel CUDA RNG
     of a "cuda" build only where nothing seeded it yet (`seed_model_parallel_rng`)."""
@@ -250,9 +204,6 @@ def build_model(
         raise ValueError("the local backend cannot build this Megatron config:\n  " + "\n  ".join(problems))
     pg_collection = pg_collection or single_process_groups("nccl" if device == "cuda" else "gloo")
     if device == "cuda":
-        from nam56r.training.preflight import run_preflight
-
-        run_preflight(config).raise_if_failed()
         seed_model_parallel_rng(seed, pg_collection)
         mcfg.use_cpu_initialization = False
         # Set after construction: Megatron validates the backend against a visible CUDA device.

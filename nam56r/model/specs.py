@@ -72,7 +72,7 @@ def resolve_backend(requested: str) -> Backend:
     return backend
 
 
-class _Modules:
+class _BackendModules:
     """The module classes of one backend."""
 
     def __init__(self, backend: Backend) -> None:
@@ -105,24 +105,24 @@ class _LocalGroupedExpertsProvider(LocalSpecProvider):
         return partial(GroupedMLPExperts, *sequential.args, **sequential.keywords)
 
 
-def _mla_layer(m: _Modules) -> ModuleSpec:
+def _mla_layer(modules: _BackendModules) -> ModuleSpec:
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
-            input_layernorm=m.norm,
+            input_layernorm=modules.norm,
             self_attention=ModuleSpec(
                 module=MLASelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
                 submodules=MLASelfAttentionSubmodules(
-                    linear_q_proj=m.column,
-                    linear_q_down_proj=m.down_proj,
-                    linear_q_up_proj=m.column,
-                    linear_kv_down_proj=m.down_proj,
-                    linear_kv_up_proj=m.column,
-                    core_attention=m.core_attention,
-                    linear_proj=m.row,
-                    q_layernorm=m.norm,
-                    kv_layernorm=m.norm,
+                    linear_q_proj=modules.column,
+                    linear_q_down_proj=modules.down_proj,
+                    linear_q_up_proj=modules.column,
+                    linear_kv_down_proj=modules.down_proj,
+                    linear_kv_up_proj=modules.column,
+                    core_attention=modules.core_attention,
+                    linear_proj=modules.row,
+                    q_layernorm=modules.norm,
+                    kv_layernorm=modules.norm,
                 ),
             ),
             self_attn_bda=get_bias_dropout_add,
@@ -130,7 +130,7 @@ def _mla_layer(m: _Modules) -> ModuleSpec:
     )
 
 
-def _dsa_layer(m: _Modules, plan: IndexCachePlan | None, cache: TopkCache | None) -> ModuleSpec:
+def _dsa_layer(modules: _BackendModules, plan: IndexCachePlan | None, cache: TopkCache | None) -> ModuleSpec:
     # DSA layers have no TE core attention (Megatron's DSAttention is local either way).
     core_attention = ModuleSpec(
         module=IndexCacheDSAttention,
@@ -139,7 +139,10 @@ def _dsa_layer(m: _Modules, plan: IndexCachePlan | None, cache: TopkCache | None
             indexer=ModuleSpec(
                 module=DSAIndexer,
                 submodules=DSAIndexerSubmodules(
-                    linear_wq_b=m.duplicated, linear_wk=m.duplicated, k_norm=m.norm, linear_weights_proj=m.duplicated
+                    linear_wq_b=modules.duplicated,
+                    linear_wk=modules.duplicated,
+                    k_norm=modules.norm,
+                    linear_weights_proj=modules.duplicated,
                 ),
             )
         ),
@@ -147,20 +150,20 @@ def _dsa_layer(m: _Modules, plan: IndexCachePlan | None, cache: TopkCache | None
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
-            input_layernorm=m.norm,
+            input_layernorm=modules.norm,
             self_attention=ModuleSpec(
                 module=AbsorbedMLASelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
                 submodules=AbsorbedMLASelfAttentionSubmodules(
-                    linear_q_proj=m.column,
-                    linear_q_down_proj=m.down_proj,
-                    linear_q_up_proj=m.column,
-                    linear_kv_down_proj=m.down_proj,
-                    linear_kv_up_proj=m.column,
+                    linear_q_proj=modules.column,
+                    linear_q_down_proj=modules.down_proj,
+                    linear_q_up_proj=modules.column,
+                    linear_kv_down_proj=modules.down_proj,
+                    linear_kv_up_proj=modules.column,
                     core_attention=core_attention,
-                    linear_proj=m.row,
-                    q_layernorm=m.norm,
-                    kv_layernorm=m.norm,
+                    linear_proj=modules.row,
+                    q_layernorm=modules.norm,
+                    kv_layernorm=modules.norm,
                 ),
             ),
             self_attn_bda=get_bias_dropout_add,
@@ -172,35 +175,37 @@ def hybrid_stack_spec(
     config: ModelConfig, backend: Backend, *, index_cache_plan: IndexCachePlan | None = None, topk_cache: TopkCache | None = None
 ) -> ModuleSpec:
     """The HybridStack spec for `config` on `backend` (IndexCache wired in when a plan is given)."""
-    m = _Modules(backend)
-    moe = get_moe_module_spec_for_backend(backend=m.provider, num_experts=config.moe.num_experts, moe_grouped_gemm=m.grouped_gemm)
-    mla = _mla_layer(m)
+    modules = _BackendModules(backend)
+    moe = get_moe_module_spec_for_backend(
+        backend=modules.provider, num_experts=config.moe.num_experts, moe_grouped_gemm=modules.grouped_gemm
+    )
+    mla = _mla_layer(modules)
     return ModuleSpec(
         module=HybridStack,
         submodules=HybridStackSubmodules(
             mamba_layer=ModuleSpec(
                 module=MambaLayer,
                 submodules=MambaLayerSubmodules(
-                    norm=m.norm,
+                    norm=modules.norm,
                     mixer=ModuleSpec(module=Mamba3Mixer, params={"mamba": config.mamba}),
                     mamba_bda=get_bias_dropout_add,
                 ),
             ),
             attention_layer=mla,  # Megatron's `*` slot: only the MTP heads use it (nam56r.model.pattern)
             mla_layer=mla,
-            dsa_layer=_dsa_layer(m, index_cache_plan, topk_cache),
+            dsa_layer=_dsa_layer(modules, index_cache_plan, topk_cache),
             mlp_layer=ModuleSpec(
                 module=MLPLayer,
                 submodules=TransformerLayerSubmodules(
-                    pre_mlp_layernorm=m.norm,
-                    mlp=partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(linear_fc1=m.column, linear_fc2=m.row)),
+                    pre_mlp_layernorm=modules.norm,
+                    mlp=partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(linear_fc1=modules.column, linear_fc2=modules.row)),
                     mlp_bda=get_bias_dropout_add,
                 ),
             ),
-            final_norm=m.norm,  # Megatron patch 0009 (HybridStack's final norm from the spec)
+            final_norm=modules.norm,  # Megatron patch 0009 (HybridStack's final norm from the spec)
             moe_layer=ModuleSpec(
                 module=MoETransformerLayer,
-                submodules=TransformerLayerSubmodules(pre_mlp_layernorm=m.norm, mlp=moe, mlp_bda=get_bias_dropout_add),
+                submodules=TransformerLayerSubmodules(pre_mlp_layernorm=modules.norm, mlp=moe, mlp_bda=get_bias_dropout_add),
             ),
             mtp_block_spec=ModuleSpec(
                 module=MultiTokenPredictionBlock,
@@ -209,7 +214,11 @@ def hybrid_stack_spec(
                         ModuleSpec(
                             module=MultiTokenPredictionLayer,
                             submodules=MultiTokenPredictionLayerSubmodules(
-                                enorm=m.norm, hnorm=m.norm, eh_proj=m.column, mtp_model_layer=None, layer_norm=m.norm
+                                enorm=modules.norm,
+                                hnorm=modules.norm,
+                                eh_proj=modules.column,
+                                mtp_model_layer=None,
+                                layer_norm=modules.norm,
                             ),
                         )
                     ]

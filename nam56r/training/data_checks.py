@@ -8,7 +8,7 @@ Per Megatron prefix (train, and valid when there is one):
 - the .bin holds exactly the bytes the index accounts for (shorter: truncated; longer: the two
   files come from different writes);
 - it holds at least one token;
-- `nam56r.training.data.check_prefix` opens it with Megatron's IndexedDataset, and no token id reaches the
+- `nam56r.training.data_format.check_prefix` opens it with Megatron's IndexedDataset, and no token id reaches the
   model's vocabulary and every document ends in the tokenizer's EOD id.
 And the tokenizer (which Megatron's pretrain loads) loads and fits the model's vocabulary.
 
@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from nam56r import verbose
-from nam56r.training.data import BUILD_COMMAND, CONVERT_COMMAND, MANIFEST, PrefixReport, check_prefix
-from nam56r.training.megatron_args import DataPaths
+from nam56r.training.data import BUILD_COMMAND, CONVERT_COMMAND, DataDir, PrefixReport, check_prefix
+from nam56r.training.flags import DataPaths
 
 
 class DataCheckError(ValueError):
@@ -67,7 +67,8 @@ def remake_hint(prefix: Path) -> str:
     try:
         if (own := Path(f"{prefix}.json")).is_file():
             return _again(json.loads(own.read_text()).get("command"))
-        if (built := prefix.parent / MANIFEST).is_file() and prefix.name in (raw := json.loads(built.read_text()))["prefixes"].values():
+        built = DataDir(prefix.parent).manifest
+        if built.is_file() and prefix.name in (raw := json.loads(built.read_text()))["prefixes"].values():
             return _again(_with_out(raw["command"], prefix.parent) if raw.get("command") else _build_command(prefix.parent, raw))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # an unreadable record: the generic commands below

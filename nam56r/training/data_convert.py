@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from nam56r_patchlane.artifacts import sha256_file
 
-from nam56r.training.data import sha256_file, split_score, token_dtype
+from nam56r.training.data_format import split_score, token_dtype
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 BATCH_ROWS = 512  # rows per encode_batch call

@@ -232,15 +232,12 @@ def _now() -> str:
 
 def _stamp(opts: Options) -> dict:
     """The host (as the manifest stamps it) and the commit of the code that runs the check."""
+    from nam56r_patchlane.checkout_state import checkout_state
     from nam56r_patchlane.manifest import host_stamp
 
-    from nam56r.training.train_record import checkout_commit
-
-    try:
-        commit, dirty = checkout_commit()
-    except ValueError as exc:
-        commit, dirty = f"unknown: {exc}", None
-    return {"host": asdict(host_stamp(opts.python)), "commit": commit, "dirty": dirty}
+    state = checkout_state(opts.root)
+    commit = state.commit if state.commit is not None else f"unknown: {state.reason}"
+    return {"host": asdict(host_stamp(opts.python)), "commit": commit, "dirty": state.dirty}
 
 
 def write_summary(summary: dict, path: Path) -> None:

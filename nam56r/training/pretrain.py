@@ -3,8 +3,8 @@ forward step and dataset provider.
 
 Launched by `nam56r.training.train` (never by hand: the launcher writes the model config file this reads
 and prints the exact command). The model is built from that `ModelConfig`; the flags' own view of
-the architecture must agree with it field by field (`architecture_mismatches`) or the run stops
-before building anything.
+the architecture must agree with it on every fact of `nam56r.model.megatron_fields`' table
+(`architecture_mismatches`) or the run stops before building anything.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from nam56r.model.config import ModelConfig
-from nam56r.training.megatron_args import add_nam56r_args, architecture_mismatches, transformer_config_from_args
+from nam56r.model.megatron_fields import architecture_mismatches
+from nam56r.training.flags import add_nam56r_args, transformer_config_from_args
 from nam56r.training.run_faults import (
     RUN_STOPPED_EXIT,
     NonFiniteLoss,
@@ -45,13 +46,14 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from megatron.training import get_args, get_tokenizer, print_rank_0
 
     from nam56r.model.model import build_model
+    from nam56r.training.preflight import run_preflight
 
     if vp_stage is not None:
         raise SystemExit("virtual pipeline stages are not supported by NAM56R's launcher")
     args = get_args()
     model_config = load_model_config(args.nam56r_model_config)
     megatron_cfg = transformer_config_from_args(args)
-    mismatches = architecture_mismatches(model_config, megatron_cfg)
+    mismatches = architecture_mismatches(model_config, args, megatron_cfg)
     if mismatches:
         raise SystemExit("Megatron's flags and the model config disagree:\n  " + "\n  ".join(mismatches))
     tokenizer = get_tokenizer()
@@ -60,6 +62,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
             f"tokenizer has {tokenizer.vocab_size} tokens, the model's vocabulary {model_config.vocab_size}: "
             "train a tokenizer no larger than the model's vocab (`python -m nam56r.training.data build --vocab-size N`)"
         )
+    run_preflight(model_config).raise_if_failed()  # on every rank: each node's trees and GPU, whoever launched it
     built = build_model(
         model_config,
         args.nam56r_backend,

@@ -2,7 +2,7 @@
 
 A `Recipe` says what to train (a model preset), on what (nodes x GPUs, TP/PP/EP), how (batch,
 steps, optimizer, precision, runtime switches) and where results go. It holds nothing
-host-specific: no paths to home directories, no host names. `nam56r.training.megatron_args` lowers it to
+host-specific: no paths to home directories, no host names. `nam56r.training.flags` lowers it to
 Megatron's own training flags; `nam56r.training.train` launches it.
 
 Runtime policy is checked here, not applied silently elsewhere: `check()` refuses combinations the

@@ -18,7 +18,8 @@ from pathlib import Path
 from nam56r import CHECKOUT_ROOT
 from nam56r.training.logged_run import LoggedRun, run_logged
 from nam56r.training.run_dir import RunDir
-from nam56r.training.runlog import LOSS_TAG, compare_loss_curves, headline, loss_curve, resolve_tensorboard_dir
+from nam56r.training.run_events import LOSS_TAG, compare_loss_curves, loss_curve
+from nam56r.training.runlog import headline, resolve_tensorboard_dir
 
 ROOT = CHECKOUT_ROOT
 
@@ -75,9 +76,9 @@ class ResumeResult:
 
 def build_tiny_data(out: Path, vocab_size: int, max_docs: int = 600) -> Path:
     """A small corpus (the first `max_docs` PyTorch headers) in `out`, unless one is already there."""
-    from nam56r.training.data import MANIFEST, CorpusConfig, build, torch_include_dir
+    from nam56r.training.data import CorpusConfig, DataDir, build, torch_include_dir
 
-    if not (out / MANIFEST).is_file():
+    if not DataDir(out).manifest.is_file():
         build(out, vocab_size, CorpusConfig(sources=(torch_include_dir(),), max_docs=max_docs))
     return out
 

@@ -29,141 +29,34 @@ import math
 import re
 import statistics
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r.model.config import ModelConfig
 from nam56r.model.flops import FORMULA, flops_per_token
 from nam56r.training.run_dir import RunDir
+from nam56r.training.run_events import (
+    BATCH_SIZE_TAG,
+    ITERATION_TIME_TAG,
+    LOSS_TAG,
+    MEGATRON_THROUGHPUT_TAG,
+    PEAK_MEMORY_TAG,
+    REQUIRED_TAGS,
+    WORLD_SIZE_TAG,
+    MissingTagError,
+    RunLogError,
+    read_scalars,
+    time_to_first_step,
+)
+from nam56r.training.run_plot import format_tflops, plot_run
 
-LOSS_TAG = "lm loss"
-ITERATION_TIME_TAG = "iteration-time"
-BATCH_SIZE_TAG = "batch-size"
-WORLD_SIZE_TAG = "world-size"
-PEAK_MEMORY_TAG = "mem-max-allocated-bytes"
-MEGATRON_THROUGHPUT_TAG = "throughput"
-REQUIRED_TAGS = (LOSS_TAG, ITERATION_TIME_TAG, BATCH_SIZE_TAG)
-_TAG_HINTS = {
-    ITERATION_TIME_TAG: "Megatron writes it with --log-timers-to-tensorboard, at --log-interval steps after the first iteration",
-    PEAK_MEMORY_TAG: "Megatron writes it with --log-memory-to-tensorboard",
-    WORLD_SIZE_TAG: "Megatron writes it with --log-world-size-to-tensorboard",
-}
 # Iterations 3..25 of the run: the first two carry kernel compilation/autotuning and allocator warm-up.
 DEFAULT_WINDOW = (3, 25)
 SHORT_RUN_SHARE = 0.8  # a run that has not reached the window's end: its last 80% of timed steps
-_PLOTTED_LOSS = re.compile(r"^(lm|mtp_\d+) loss( validation.*)?$")
 _LOSS = re.compile(r"loss( validation.*)?$")  # 'lm loss', 'mtp_1 loss', 'indexer loss', 'lm loss validation'; not 'loss-scale'
 
-EVENT_GLOB = "events.out.tfevents.*"
-
-
-
-class RunLogError(ValueError):
-    """The events of a run cannot be summarized; the message names the directory and the cause."""
-
-
-class MissingTagError(RunLogError):
-    def __init__(self, directory: Path, tag: str, present: Iterable[str]) -> None:
-        self.directory, self.tag = directory, tag
-        hint = f" ({_TAG_HINTS[tag]})" if tag in _TAG_HINTS else ""
-        tags = ", ".join(sorted(present)) or "none"
-        super().__init__(f"{directory}: the TensorBoard events have no {tag!r} scalar{hint}; tags present: {tags}")
-
-
-def event_files(tensorboard_dir: Path | str) -> list[Path]:
-    """The event files in `tensorboard_dir` (not its subfolders); raise FileNotFoundError if none."""
-    directory = Path(tensorboard_dir)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"TensorBoard directory {directory} does not exist (Megatron's --tensorboard-dir)")
-    files = sorted(directory.glob(EVENT_GLOB))
-    if not files:
-        raise FileNotFoundError(
-            f"no TensorBoard event files ({EVENT_GLOB}) in {directory}; Megatron writes them to --tensorboard-dir on the last rank"
-        )
-    return files
-
-
-def read_scalars(tensorboard_dir: Path | str) -> dict[str, dict[int, float]]:
-    """Every scalar of the events in `tensorboard_dir`: tag -> step -> value.
-
-    All event files of the folder are read in order (a resumed run adds one); where a restarted run
-    logs a step again, TensorBoard's orphan purge and the later value win. '... vs samples' tags
-    are dropped: their "step" is consumed samples."""
-    from tensorboard.backend.event_processing import event_accumulator
-    from tensorboard.util import tensor_util
-
-    directory = Path(tensorboard_dir)
-    event_files(directory)
-    # size_guidance 0: keep every event (the default samples 10,000 per tag, silently dropping steps).
-    accumulator = event_accumulator.EventAccumulator(
-        str(directory), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0}
-    )
-    accumulator.Reload()
-    tags = accumulator.Tags()
-    scalars: dict[str, dict[int, float]] = {}
-    for tag in tags.get(event_accumulator.SCALARS, []):
-        scalars[tag] = {event.step: float(event.value) for event in accumulator.Scalars(tag)}
-    for tag in tags.get(event_accumulator.TENSORS, []):  # SummaryWriter.add_scalar(new_style=True)
-        if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars":
-            scalars[tag] = {event.step: float(tensor_util.make_ndarray(event.tensor_proto).item()) for event in accumulator.Tensors(tag)}
-    return {tag: values for tag, values in scalars.items() if not tag.endswith(" vs samples")}
-
-
-def loss_curve(tensorboard_dir: Path | str, tag: str = LOSS_TAG) -> list[tuple[int, float]]:
-    """(step, value) of one loss tag, by step: the input of `compare_loss_curves`."""
-    scalars = read_scalars(tensorboard_dir)
-    if tag not in scalars:
-        raise MissingTagError(Path(tensorboard_dir), tag, scalars)
-    return sorted(scalars[tag].items())
-
-
-def time_to_first_step(tensorboard_dir: Path | str) -> float | None:
-    """Seconds from the creation of the run's TensorBoard writer (Megatron makes it in
-    initialize_megatron, before the model is built) to its first logged 'lm loss': the model build,
-    a checkpoint load, the data loaders and the first step with its kernel compilation. Read from the
-    earliest event file (a run resumed into the same folder adds later ones); None if it logs no loss."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-
-    started = None
-    for event in EventFileLoader(str(event_files(tensorboard_dir)[0])).Load():
-        started = event.wall_time if started is None else started  # the first event: the writer's file_version
-        if any(value.tag == LOSS_TAG for value in event.summary.value):
-            return event.wall_time - started
-    return None
-
-
-_ITERATION_LINE = re.compile(r" iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: (\S+) \|")
-
-
-def logged_loss_curve(log_text: str) -> list[tuple[int, float]]:
-    """(step, lm loss) from Megatron's per-iteration log lines ('iteration 7/ 20 | ... | lm loss:
-    5.43E+00 |'): the curve of a run killed before its TensorBoard writer flushed. Megatron prints at
-    the second logged step of a run (or of a resumed run) the mean of the first two steps' losses;
-    from the third on each line is that step's loss (its TensorBoard events are per step throughout)."""
-    return [(int(m.group(1)), float(m.group(2))) for m in _ITERATION_LINE.finditer(log_text)]
-
-
-def compare_loss_curves(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]], steps: Iterable[int]) -> float:
-    """Largest |a - b| over `steps`, e.g. steps N+1.. of a run resumed from step N against an
-    uninterrupted run. A step missing from either curve or a non-finite loss raises: a resume test
-    must not pass by comparing nothing or NaNs."""
-    curves = {"a": dict(a), "b": dict(b)}
-    wanted = list(steps)
-    if not wanted:
-        raise ValueError("compare_loss_curves got no steps to compare")
-    worst = 0.0
-    for step in wanted:
-        values = []
-        for name, curve in curves.items():
-            if step not in curve:
-                have = f"{min(curve)}..{max(curve)}" if curve else "none"
-                raise ValueError(f"step {step} is missing from curve {name} (its steps: {have}, {len(curve)} points)")
-            if not math.isfinite(curve[step]):
-                raise ValueError(f"curve {name} has a non-finite loss {curve[step]} at step {step}")
-            values.append(curve[step])
-        worst = max(worst, abs(values[0] - values[1]))
-    return worst
+Row = dict[str, float | int | None]  # one line of metrics.jsonl
 
 
 @dataclass(frozen=True)
@@ -300,6 +193,36 @@ def summarize_run(
     directory = Path(tensorboard_dir)
     if world_size < 1:
         raise ValueError(f"world_size must be positive, got {world_size}")
+    scalars = read_run_scalars(directory, world_size)
+    per_token = flops_per_token(config, seq_length).total
+    rows = step_rows(directory, scalars, seq_length, world_size, per_token)
+    timed = [row for row in rows if "tokens_per_s_per_gpu" in row]
+    chosen = choose_window([int(row["step"]) for row in timed], first_step=int(rows[0]["step"]), window=window)
+    out = RunDir(Path(out_dir))
+    out.path.mkdir(parents=True, exist_ok=True)
+    memory = scalars.get(PEAK_MEMORY_TAG)
+    summary = RunSummary(
+        tensorboard_dir=str(directory),
+        preset=config.name,
+        seq_length=seq_length,
+        world_size=world_size,
+        formula=FORMULA,
+        flops_per_token=per_token,
+        window=chosen,
+        **window_medians([row for row in timed if chosen.first_step <= int(row["step"]) <= chosen.last_step], scalars),
+        peak_memory_bytes=max(memory.values()) if memory else None,
+        losses=loss_ends(scalars),
+        first_step=int(rows[0]["step"]),
+        last_step=int(rows[-1]["step"]),
+        files={"metrics": str(out.metrics), "summary": str(out.summary), "plot": str(out.plot)},
+        time_to_first_step_s=time_to_first_step(directory),
+    )
+    write_run_files(out, rows, scalars, summary)
+    return summary
+
+
+def read_run_scalars(directory: Path, world_size: int) -> dict[str, dict[int, float]]:
+    """The run's scalars (`read_scalars`), holding every tag a summary needs and the world size it was given."""
     scalars = read_scalars(directory)
     for tag in REQUIRED_TAGS:
         if not scalars.get(tag):
@@ -308,12 +231,17 @@ def summarize_run(
         sizes = {int(v) for v in logged.values()}
         if sizes != {world_size}:
             raise RunLogError(f"{directory}: the run logged world-size {sorted(sizes)}, but world_size={world_size} was given")
-    per_token = flops_per_token(config, seq_length).total
+    return scalars
 
-    steps = sorted({step for values in scalars.values() for step in values})
-    rows: list[dict[str, float | int | None]] = []
-    for step in steps:
-        row: dict[str, float | int | None] = {"step": step}
+
+def step_rows(
+    directory: Path, scalars: Mapping[str, Mapping[int, float]], seq_length: int, world_size: int, flops_per_token: float
+) -> list[Row]:
+    """One row per logged step, by step: every scalar logged there, and at a timed step (one with an
+    iteration-time) its global batch size, tokens/s/GPU and TFLOP/s/GPU."""
+    rows: list[Row] = []
+    for step in sorted({step for values in scalars.values() for step in values}):
+        row: Row = {"step": step}
         row.update({tag: _json_value(values[step]) for tag, values in sorted(scalars.items()) if step in values})
         seconds = scalars[ITERATION_TIME_TAG].get(step)
         if seconds is not None:
@@ -325,20 +253,31 @@ def summarize_run(
             sequences = int(round(batch))
             row["global_batch_size"] = sequences
             row["tokens_per_s_per_gpu"] = sequences * seq_length / seconds / world_size
-            row["tflops_per_s_per_gpu"] = per_token * seq_length * sequences / seconds / world_size / 1e12
+            row["tflops_per_s_per_gpu"] = flops_per_token * seq_length * sequences / seconds / world_size / 1e12
         rows.append(row)
+    return rows
 
-    timed = [row for row in rows if "tokens_per_s_per_gpu" in row]
-    chosen = choose_window([int(row["step"]) for row in timed], first_step=steps[0], window=window)
-    in_window = [row for row in timed if chosen.first_step <= int(row["step"]) <= chosen.last_step]
+
+def window_medians(in_window: Sequence[Row], scalars: Mapping[str, Mapping[int, float]]) -> dict[str, float | int | None]:
+    """The RunSummary fields that are medians over the timed rows of the steady-state window."""
 
     def median(key: str) -> float:
         return statistics.median(float(row[key]) for row in in_window)
 
     megatron_throughput = scalars.get(MEGATRON_THROUGHPUT_TAG, {})
     megatron = [megatron_throughput[int(r["step"])] for r in in_window if int(r["step"]) in megatron_throughput]
-    memory = scalars.get(PEAK_MEMORY_TAG)
-    losses = {
+    return {
+        "global_batch_size": int(median("global_batch_size")),
+        "iteration_time_s": median(ITERATION_TIME_TAG),
+        "tokens_per_s_per_gpu": median("tokens_per_s_per_gpu"),
+        "tflops_per_s_per_gpu": median("tflops_per_s_per_gpu"),
+        "megatron_throughput_tflops": statistics.median(megatron) if megatron else None,
+    }
+
+
+def loss_ends(scalars: Mapping[str, Mapping[int, float]]) -> dict[str, dict[str, float | int | None]]:
+    """Per loss tag (training and validation; not perplexities): its first and last step and value."""
+    return {
         tag: {
             "first_step": min(values),
             "first": _json_value(values[min(values)]),
@@ -348,79 +287,19 @@ def summarize_run(
         for tag, values in sorted(scalars.items())
         if _LOSS.search(tag) and not tag.endswith("ppl") and values
     }
-    out = RunDir(Path(out_dir))
-    out.path.mkdir(parents=True, exist_ok=True)
-    files = {"metrics": str(out.metrics), "summary": str(out.summary), "plot": str(out.plot)}
-    summary = RunSummary(
-        tensorboard_dir=str(directory),
-        preset=config.name,
-        seq_length=seq_length,
-        world_size=world_size,
-        formula=FORMULA,
-        flops_per_token=per_token,
-        window=chosen,
-        global_batch_size=int(median("global_batch_size")),
-        iteration_time_s=median(ITERATION_TIME_TAG),
-        tokens_per_s_per_gpu=median("tokens_per_s_per_gpu"),
-        tflops_per_s_per_gpu=median("tflops_per_s_per_gpu"),
-        megatron_throughput_tflops=statistics.median(megatron) if megatron else None,
-        peak_memory_bytes=max(memory.values()) if memory else None,
-        losses=losses,
-        first_step=steps[0],
-        last_step=steps[-1],
-        files=files,
-        time_to_first_step_s=time_to_first_step(directory),
-    )
-    with open(files["metrics"], "w") as f:
+
+
+def write_run_files(out: RunDir, rows: Sequence[Row], scalars: Mapping[str, Mapping[int, float]], summary: RunSummary) -> None:
+    """metrics.jsonl, summary.json and loss_throughput.png into the run directory `out`."""
+    with open(out.metrics, "w") as f:
         for row in rows:
             f.write(json.dumps(row, allow_nan=False) + "\n")
-    Path(files["summary"]).write_text(json.dumps(summary.to_json(), indent=2, allow_nan=False) + "\n")
-    plot_run(rows, scalars, summary, Path(files["plot"]))
-    return summary
-
-
-def _tflops(value: float) -> str:
-    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"  # a tiny CPU/test run still shows digits
-
-
-def plot_run(
-    rows: Sequence[Mapping[str, float | int | None]], scalars: Mapping[str, Mapping[int, float]], summary: RunSummary, path: Path
-) -> None:
-    """Loss vs step (left panel); tokens/s/GPU and TFLOP/s/GPU vs step (right), window shaded."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    # A Figure on the Agg canvas directly: no pyplot state, no display needed.
-    figure = Figure(figsize=(13, 4.8), layout="constrained")
-    FigureCanvasAgg(figure)
-    loss_axes, speed_axes = figure.subplots(1, 2)
-    for tag in sorted(t for t in scalars if _PLOTTED_LOSS.match(t) and not t.endswith("ppl")):
-        points = sorted((s, v) for s, v in scalars[tag].items() if math.isfinite(v))
-        if points:
-            style = {"marker": "o", "linestyle": "--"} if "validation" in tag else {"linewidth": 1.2}
-            loss_axes.plot([s for s, _ in points], [v for _, v in points], label=tag, **style)
-    loss_axes.set(xlabel="step", ylabel="loss", title=f"{summary.preset}: loss")
-    loss_axes.grid(alpha=0.3)
-    loss_axes.legend(fontsize=8)
-
-    timed = [r for r in rows if "tokens_per_s_per_gpu" in r]
-    steps = [r["step"] for r in timed]
-    speed_axes.plot(steps, [r["tokens_per_s_per_gpu"] for r in timed], color="tab:blue", marker=".", label="tokens/s/GPU")
-    title = f"throughput (median {_tflops(summary.tflops_per_s_per_gpu)} TFLOP/s/GPU over the window)"
-    speed_axes.set(xlabel="step", ylabel="tokens/s/GPU", title=title)
-    speed_axes.axvspan(summary.window.first_step, summary.window.last_step, color="tab:green", alpha=0.12, label="steady-state window")
-    speed_axes.grid(alpha=0.3)
-    tflops_axes = speed_axes.twinx()
-    tflops_axes.plot(steps, [r["tflops_per_s_per_gpu"] for r in timed], color="tab:red", linestyle="--",
-                     label="TFLOP/s/GPU (nam56r.model.flops)")
-    tflops_axes.set_ylabel("TFLOP/s/GPU")
-    handles = speed_axes.get_legend_handles_labels()[0] + tflops_axes.get_legend_handles_labels()[0]
-    speed_axes.legend(handles=handles, fontsize=8, loc="lower right")
-    figure.savefig(path, dpi=110)
+    out.summary.write_text(json.dumps(summary.to_json(), indent=2, allow_nan=False) + "\n")
+    plot_run(rows, scalars, summary, out.plot)
 
 
 def resolve_tensorboard_dir(run_dir: Path) -> Path:
-    """A run folder's `tensorboard/` (where nam56r.training.megatron_args points Megatron), or the folder itself."""
+    """A run folder's `tensorboard/` (where nam56r.training.flags points Megatron), or the folder itself."""
     nested = RunDir(run_dir).tensorboard
     return nested if nested.is_dir() else run_dir
 
@@ -492,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run {tensorboard_dir}: steps {summary.first_step}..{summary.last_step}, {summary.preset}, seq {seq}, {summary.world_size} GPUs")
     print(f"window: {summary.window.rule}")
     print(f"median iteration time {summary.iteration_time_s:.3f} s, global batch {summary.global_batch_size}")
-    tflops = _tflops(summary.tflops_per_s_per_gpu)
+    tflops = format_tflops(summary.tflops_per_s_per_gpu)
     print(f"median tokens/s/GPU {summary.tokens_per_s_per_gpu:,.0f}, TFLOP/s/GPU {tflops} ({summary.formula})")
     print(f"peak memory {memory}")
     print(f"lm loss {lm.get('first')} (step {lm.get('first_step')}) -> {lm.get('last')} (step {lm.get('last_step')})")

@@ -35,17 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r import CHECKOUT_ROOT, VERBOSE_ENV, show_known_warnings
+from nam56r.model.megatron_fields import architecture_mismatches
 from nam56r.model.presets import PRESETS
+from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, refused_flags, transformer_config_from_args
 from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
-from nam56r.training.megatron_args import (
-    DataPaths,
-    RunPaths,
-    architecture_mismatches,
-    lower,
-    megatron_validate,
-    refused_flags,
-    transformer_config_from_args,
-)
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
 from nam56r.training.run_dir import RunDir
 
@@ -133,13 +126,13 @@ class DataChoice:
 def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
     """The data the run reads: --data (a directory with data.json, or a prefix with --tokenizer), else
     the default corpus for the model's vocab size (possibly not built yet)."""
-    from nam56r.training.data import MANIFEST, SPLIT_PREFIXES, TOKENIZER_DIR, default_data_dir
+    from nam56r.training.data import DataDir, default_data_dir
 
     if args.data is None:
         directory = default_data_dir(vocab_size)
-        if not (directory / MANIFEST).is_file():
+        if not (layout := DataDir(directory)).manifest.is_file():
             build = f"python -m nam56r.training.data build --vocab-size {vocab_size} --out {directory}"
-            placeholder = DataPaths(directory / SPLIT_PREFIXES["train"], directory / SPLIT_PREFIXES["valid"], directory / TOKENIZER_DIR)
+            placeholder = DataPaths(layout.train_prefix, layout.valid_prefix, layout.tokenizer_dir)
             return DataChoice(placeholder, False, f"default C/C++ corpus not built yet; the launch builds it first ({build})")
         return DataChoice(_built_data(directory, vocab_size), True, f"default corpus {directory}")
     if args.data.is_dir():
@@ -148,7 +141,7 @@ def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
                 f"--data {args.data} is a data directory, which names its own tokenizer and valid split in data.json: "
                 f"drop {' and '.join(given)}, or pass a prefix (PREFIX.bin/.idx) as --data"
             )
-        return DataChoice(_built_data(args.data, vocab_size), True, f"{args.data}/data.json")
+        return DataChoice(_built_data(args.data, vocab_size), True, str(DataDir(args.data).manifest))
     prefix = args.data
     if not prefix.exists() and not prefix.with_name(prefix.name + ".bin").exists():
         raise TrainError(
@@ -232,7 +225,7 @@ def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> str:
             megatron_cfg = transformer_config_from_args(margs)
         except (AssertionError, ValueError, SystemExit) as exc:
             raise TrainError(f"Megatron's argument checks rejected the lowered flags: {type(exc).__name__}: {exc}") from None
-        mismatches = architecture_mismatches(model, megatron_cfg)
+        mismatches = architecture_mismatches(model, margs, megatron_cfg)
     if mismatches:
         raise TrainError("the flags describe another model than the config:\n  " + "\n  ".join(mismatches))
     return f"validated by Megatron's parser as {recipe.world_size} rank(s); its model config matches NAM56R's ({len(argv)} args)"
@@ -267,7 +260,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     data = choose_data(args, model.vocab_size)
     checked = check_data_or_refuse(data, model.vocab_size) if data.ready else "not yet: checked at launch, once built"
     run_paths = choose_run_paths(args, recipe)
-    megatron_argv = lower(recipe, model, data.paths, run_paths, backend) + extra
+    megatron_argv = megatron_flags(recipe, model, data.paths, run_paths, backend) + extra
     env = launch_env(args)
     rendezvous = Rendezvous(args.rdzv_endpoint, args.node_rank) if args.rdzv_endpoint else None
     cmd = torchrun_command(recipe, megatron_argv, run_paths.layout.logs, rendezvous) if not args.slurm_script else []

@@ -13,33 +13,28 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
+from nam56r_patchlane.checkout_state import checkout_state
 from nam56r_patchlane.errors import PatchlaneError
-from nam56r_patchlane.manifest import MANIFEST_RELATIVE_PATH, TrainRecord, append_record, host_stamp, now_utc
+from nam56r_patchlane.manifest import TrainRecord, append_record, host_stamp, now_utc
 
 from nam56r import CHECKOUT_ROOT
 from nam56r.training.run_dir import RunDir
-from nam56r.training.runlog import LOSS_TAG, headline
+from nam56r.training.run_events import LOSS_TAG
+from nam56r.training.runlog import headline
 
 ROOT = CHECKOUT_ROOT
 
 
 def checkout_commit(root: Path = ROOT) -> tuple[str, bool]:
-    """(HEAD of the checkout at `root`, whether its tracked files differ from it).
-
-    The manifest itself does not count: the records of a check (packs, tests, runs) are appended to it while
-    the check runs, and a later record would otherwise call the same code dirty."""
-    def git(*args: str) -> str:
-        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ValueError(f"{root}: `git {' '.join(args)}` failed ({proc.stderr.strip()}): a train record needs the commit that trained")
-        return proc.stdout.strip()
-
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){MANIFEST_RELATIVE_PATH.as_posix()}")
-    return git("rev-parse", "HEAD"), bool(changed)
+    """(HEAD of the checkout at `root`, whether its tracked files other than the manifest differ from it)
+    (`nam56r_patchlane.checkout_state`); a train record needs the commit that trained, so no commit raises."""
+    state = checkout_state(root)
+    if state.commit is None:
+        raise ValueError(f"{state.reason}: a train record needs the commit that trained")
+    return state.commit, bool(state.dirty)
 
 
 def _read_json(path: Path, what: str) -> dict:

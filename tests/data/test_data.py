@@ -13,15 +13,16 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from nam56r_patchlane.artifacts import sha256_file
 
 from nam56r.training.data import (
     EOD_TOKEN,
     CorpusConfig,
+    DataDir,
     build,
     check_prefix,
     main,
     read_data_manifest,
-    sha256_file,
     torch_include_dir,
     write_indexed_dataset,
 )
@@ -54,7 +55,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hf_tokenizer(built: Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(built / "tokenizer"))
+    return AutoTokenizer.from_pretrained(str(DataDir(built).tokenizer_dir))
 
 
 def documents(prefix: Path) -> list[np.ndarray]:
@@ -86,7 +87,7 @@ def test_documents_end_in_eod_decode_to_their_files_and_follow_the_split(built: 
     train_files, valid_files = expected_split()
     assert valid_files and not set(train_files) & set(valid_files)
     for split, files in (("train", train_files), ("valid", valid_files)):
-        docs = documents(built / f"{split}_text_document")
+        docs = documents(DataDir(built).prefix(split))
         assert len(docs) == len(files)
         for doc, path in zip(docs, files, strict=True):
             assert doc[-1] == eod and eod not in doc[:-1].tolist()
@@ -94,11 +95,11 @@ def test_documents_end_in_eod_decode_to_their_files_and_follow_the_split(built: 
 
 
 def test_manifest_records_counts_checksums_and_tokenizer(built: Path, hf_tokenizer) -> None:
-    raw = json.loads((built / "data.json").read_text())
+    raw = json.loads(DataDir(built).manifest.read_text())
     train_files, valid_files = expected_split()
     assert raw["documents"] == {"train": len(train_files), "valid": len(valid_files)}
     for split in ("train", "valid"):
-        assert raw["tokens"][split] == sum(len(d) for d in documents(built / f"{split}_text_document"))
+        assert raw["tokens"][split] == sum(len(d) for d in documents(DataDir(built).prefix(split)))
     assert raw["valid_documents"] == [p.relative_to(torch_include_dir()).as_posix() for p in valid_files]
     assert raw["vocab_size"] == {"requested": VOCAB, "reached": len(hf_tokenizer)} and len(hf_tokenizer) == VOCAB
     assert raw["eod_id"] == hf_tokenizer.eos_token_id == hf_tokenizer.convert_tokens_to_ids(EOD_TOKEN)
@@ -108,8 +109,11 @@ def test_manifest_records_counts_checksums_and_tokenizer(built: Path, hf_tokeniz
     assert raw["sha256"] == {name: sha256_file(built / name) for name in raw["sha256"]} and len(raw["sha256"]) == 4
 
     manifest = read_data_manifest(built)
-    assert manifest.train_prefix == built / "train_text_document" and manifest.valid_prefix == built / "valid_text_document"
-    assert (manifest.tokenizer_dir, manifest.vocab_size, manifest.eod_id) == (built / "tokenizer", VOCAB, raw["eod_id"])
+    layout = DataDir(built)
+    assert layout.tokenizer_dir.is_dir()
+    assert all(Path(f"{layout.prefix(split)}{suffix}").is_file() for split in DataDir.SPLITS for suffix in (".bin", ".idx"))
+    assert manifest.train_prefix == layout.train_prefix and manifest.valid_prefix == layout.valid_prefix
+    assert (manifest.tokenizer_dir, manifest.vocab_size, manifest.eod_id) == (layout.tokenizer_dir, VOCAB, raw["eod_id"])
     manifest.check_vocab(VOCAB)
     with pytest.raises(ValueError, match=r"512-token vocabulary but the model's vocab_size is 256.*--vocab-size 256"):
         manifest.check_vocab(256)
@@ -117,9 +121,10 @@ def test_manifest_records_counts_checksums_and_tokenizer(built: Path, hf_tokeniz
 
 def test_rebuild_is_identical_and_refused_without_force(built: Path, tmp_path: Path) -> None:
     build(tmp_path, VOCAB, subset_config())
-    first, second = (json.loads((d / "data.json").read_text()) for d in (built, tmp_path))
+    first, second = (json.loads(DataDir(d).manifest.read_text()) for d in (built, tmp_path))
     assert second["sha256"] == first["sha256"] and second["valid_documents"] == first["valid_documents"]
-    assert (tmp_path / "tokenizer" / "tokenizer.json").read_bytes() == (built / "tokenizer" / "tokenizer.json").read_bytes()
+    tokenizers = (DataDir(d).tokenizer_dir / "tokenizer.json" for d in (tmp_path, built))
+    assert next(tokenizers).read_bytes() == next(tokenizers).read_bytes()
 
     with pytest.raises(FileExistsError, match=r"not empty: pass --force"):
         build(tmp_path, VOCAB, subset_config())
@@ -127,7 +132,7 @@ def test_rebuild_is_identical_and_refused_without_force(built: Path, tmp_path: P
     notes.write_text("mine")
     build(tmp_path, VOCAB, subset_config(max_docs=MAX_DOCS + 20), force=True)
     assert notes.read_text() == "mine"
-    grown = json.loads((tmp_path / "data.json").read_text())
+    grown = json.loads(DataDir(tmp_path).manifest.read_text())
     assert sum(grown["documents"].values()) == MAX_DOCS + 20
     root = torch_include_dir()
     assert grown["valid_documents"] == [p.relative_to(root).as_posix() for p in expected_split(MAX_DOCS + 20)[1]]
@@ -143,7 +148,7 @@ def test_megatron_builds_the_tokenizer_from_its_args(built: Path, hf_tokenizer) 
 
     # The attributes Megatron 0.19's build_tokenizer reads for tokenizer_type HuggingFaceTokenizer.
     args = SimpleNamespace(
-        tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(built / "tokenizer"), metadata_path=None, chat_template=None,
+        tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(DataDir(built).tokenizer_dir), metadata_path=None, chat_template=None,
         vocab_file=None, merge_file=None, special_tokens=None, tokenizer_hf_no_use_fast=False, trust_remote_code=False,
         tokenizer_hf_no_include_special_tokens=False, pad_vocab_size=False,
     )
@@ -204,13 +209,13 @@ def test_extra_sources_skips_and_unreached_vocab_are_reported(tmp_path: Path) ->
     assert read_data_manifest(out).vocab_size == reached
     from nam56r.training.data import load_megatron_tokenizer
 
-    assert load_megatron_tokenizer(out / "tokenizer").vocab_size == reached
+    assert load_megatron_tokenizer(DataDir(out).tokenizer_dir).vocab_size == reached
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    tokenizer = AutoTokenizer.from_pretrained(str(DataDir(out).tokenizer_dir))
     decoded = {}
     for split in ("train", "valid"):
-        for doc in documents(out / f"{split}_text_document"):
+        for doc in documents(DataDir(out).prefix(split)):
             assert doc[-1] == manifest["eod_id"] and manifest["eod_id"] not in doc[:-1].tolist()  # "<|endoftext|>" in text stays text
             decoded[tokenizer.decode(doc[:-1].tolist())] = split
     assert set(decoded) == set(texts.values())
@@ -218,9 +223,9 @@ def test_extra_sources_skips_and_unreached_vocab_are_reported(tmp_path: Path) ->
 
 
 def test_check_command_counts_and_fails_on_a_document_without_eod(built: Path, tmp_path: Path, capsys) -> None:
-    assert main(["check", str(built / "train_text_document"), str(built / "valid_text_document")]) == 0
+    assert main(["check", str(DataDir(built).train_prefix), str(DataDir(built).valid_prefix)]) == 0
     out = capsys.readouterr().out
-    raw = json.loads((built / "data.json").read_text())
+    raw = json.loads(DataDir(built).manifest.read_text())
     assert f"{raw['documents']['train']} documents, {raw['tokens']['train']} tokens" in out and out.count(": ok") == 2
 
     bad = tmp_path / "bad"
@@ -255,7 +260,7 @@ TEXTS = ["int a = 1;\n", "// " + EOD_TOKEN + " spelled out\n", "", "template <ty
 
 def test_convert_jsonl_text_round_trips(built: Path, hf_tokenizer, tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": t, "id": i} for i, t in enumerate(TEXTS)])
-    manifest = convert(ConvertConfig(inputs=(src,), out=tmp_path / "mine", text_key="text", tokenizer_dir=built / "tokenizer"))
+    manifest = convert(ConvertConfig(inputs=(src,), out=tmp_path / "mine", text_key="text", tokenizer_dir=DataDir(built).tokenizer_dir))
     docs = documents(tmp_path / "mine")
     eod = hf_tokenizer.eos_token_id
     assert [hf_tokenizer.decode(d[:-1].tolist()) for d in docs] == [t for t in TEXTS if t]
@@ -263,7 +268,7 @@ def test_convert_jsonl_text_round_trips(built: Path, hf_tokenizer, tmp_path: Pat
     assert manifest["skipped_empty"] == 1 and manifest["documents"] == {"train": 4} and manifest["eod_id"] == eod
     assert check_prefix(tmp_path / "mine", eod).bad_count == 0
     with pytest.raises(FileExistsError, match=r"mine\.bin.*pass --force"):
-        convert(ConvertConfig(inputs=(src,), out=tmp_path / "mine", text_key="text", tokenizer_dir=built / "tokenizer"))
+        convert(ConvertConfig(inputs=(src,), out=tmp_path / "mine", text_key="text", tokenizer_dir=DataDir(built).tokenizer_dir))
 
 
 def test_convert_parquet_text_round_trips_and_splits_by_content(built: Path, hf_tokenizer, tmp_path: Path) -> None:
@@ -273,7 +278,8 @@ def test_convert_parquet_text_round_trips_and_splits_by_content(built: Path, hf_
     texts = [f"int v{i} = {i};\n" for i in range(200)]
     pq.write_table(pa.table({"content": texts}), tmp_path / "in.parquet", row_group_size=64)
     config = ConvertConfig(
-        inputs=(tmp_path / "in.parquet",), out=tmp_path / "p", text_key="content", tokenizer_dir=built / "tokenizer", valid_fraction=0.2
+        inputs=(tmp_path / "in.parquet",), out=tmp_path / "p", text_key="content", tokenizer_dir=DataDir(built).tokenizer_dir,
+        valid_fraction=0.2,
     )
     manifest = convert(config)
     decoded = {split: [hf_tokenizer.decode(d[:-1].tolist()) for d in documents(Path(p))] for split, p in manifest["prefixes"].items()}
@@ -299,7 +305,7 @@ def test_convert_jsonl_ids_appends_eod_once(tmp_path: Path) -> None:
 
 
 def test_convert_errors_name_file_and_row(built: Path, tmp_path: Path) -> None:
-    tok = built / "tokenizer"
+    tok = DataDir(built).tokenizer_dir
     missing = write_jsonl(tmp_path / "missing.jsonl", [{"text": "a"}, {"body": "b"}])
     with pytest.raises(RowError, match=rf"{missing} row 2: no key 'text' \(has \['body'\]\)"):
         convert(ConvertConfig(inputs=(missing,), out=tmp_path / "o1", text_key="text", tokenizer_dir=tok))
@@ -333,10 +339,11 @@ def test_convert_cli_expands_globs(built: Path, tmp_path: Path, capsys) -> None:
     for i in range(3):
         write_jsonl(tmp_path / f"shard-{i}.jsonl", [{"text": f"int s{i}_{j};\n"} for j in range(4)])
     out = tmp_path / "cli"
-    argv = ["convert", str(tmp_path / "shard-*.jsonl"), "--text-key", "text", "--tokenizer", str(built / "tokenizer"), "--out", str(out)]
+    tokenizer = str(DataDir(built).tokenizer_dir)
+    argv = ["convert", str(tmp_path / "shard-*.jsonl"), "--text-key", "text", "--tokenizer", tokenizer, "--out", str(out)]
     assert main(argv) == 0
     assert "train: 12 documents" in capsys.readouterr().out
     recorded = json.loads(Path(f"{out}.json").read_text())
     assert recorded["inputs"] == [str(tmp_path / f"shard-{i}.jsonl") for i in range(3)]
     with pytest.raises(SystemExit, match="matches no file"):
-        main(["convert", str(tmp_path / "nope-*.jsonl"), "--text-key", "text", "--tokenizer", str(built / "tokenizer"), "--out", str(out)])
+        main(["convert", str(tmp_path / "nope-*.jsonl"), "--text-key", "text", "--tokenizer", tokenizer, "--out", str(out)])

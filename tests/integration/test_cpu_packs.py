@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from nam56r_patchlane.gittree import is_git_tree
-from nam56r_patchlane.packs import load_packs
-from nam56r_patchlane.packs_cli import main
+from nam56r_patchlane.packs.cli import main
+from nam56r_patchlane.packs.pack import load_packs
 
 pytestmark = pytest.mark.integration
 

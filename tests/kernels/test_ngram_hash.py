@@ -152,7 +152,7 @@ INTERPRETER_SCRIPT = textwrap.dedent(
         torch.testing.assert_close(grad_fused.float(), grad_ref.to(dtype).float(), rtol=tol, atol=tol)
         print("ok", batch, seq, orders, heads, rows, dim, dtype)
 
-    compare(2, 9, (2, 3), 3, 37, 4, torch.float32, seed=0)   # the brief's shape: T=37 so rows collide
+    compare(2, 9, (2, 3), 3, 37, 4, torch.float32, seed=0)   # 37 rows for 48 bigram and 42 trigram lookups: rows collide
     compare(2, 9, (2, 3), 3, 37, 4, torch.float32, seed=1)
     compare(3, 50, (1, 2, 4), 2, 11, 5, torch.float32, seed=2)  # dim not a power of 2, 150 tokens > one block
     compare(2, 9, (2, 3), 3, 37, 4, torch.bfloat16, seed=3)

@@ -60,12 +60,14 @@ def cpu_stands_in_for_cuda(monkeypatch) -> None:
 def run_args():
     """Megatron's parsed and validated args for the tiny-1gpu recipe, as the launcher passes them."""
     pytest.importorskip("nam56r.model.model")
-    from nam56r.training.megatron_args import DataPaths, RunPaths, lower, megatron_validate
+    from nam56r.training.data_dir import DataDir
+    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate
     from nam56r.training.recipe import get_recipe
 
     recipe = get_recipe("tiny-1gpu")
-    data = DataPaths(Path("/data/train_text_document"), None, Path("/data/tokenizer"))
-    argv = lower(recipe, recipe.model_config(), data, RunPaths(Path("/runs/r"), Path("/runs/r/ckpt"), None), "local")
+    layout = DataDir(Path("/data"))
+    data = DataPaths(layout.train_prefix, None, layout.tokenizer_dir)
+    argv = megatron_flags(recipe, recipe.model_config(), data, RunPaths(Path("/runs/r"), Path("/runs/r/ckpt"), None), "local")
     with contextlib.redirect_stdout(io.StringIO()):
         args = megatron_validate(argv, recipe.world_size)
     assert args.bf16 and not args.use_distributed_optimizer and args.optimizer == "adam"

@@ -160,13 +160,15 @@ class TinyRun:
         )
 
         from nam56r.model.model import build_model, single_process_groups
-        from nam56r.training.megatron_args import DataPaths, RunPaths, lower, megatron_validate
+        from nam56r.training.data_dir import DataDir
+        from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate
         from nam56r.training.recipe import get_recipe
 
         recipe = get_recipe("tiny-1gpu")
-        data = DataPaths(Path("/data/train_text_document"), None, Path("/data/tokenizer"))
+        layout = DataDir(Path("/data"))
+        data = DataPaths(layout.train_prefix, None, layout.tokenizer_dir)
         run_paths = RunPaths(save.parent / "run", save, load)
-        argv = [*lower(recipe, recipe.model_config(), data, run_paths, "local"), *extra_flags]
+        argv = [*megatron_flags(recipe, recipe.model_config(), data, run_paths, "local"), *extra_flags]
         with contextlib.redirect_stdout(io.StringIO()):
             self.args = megatron_validate(argv, recipe.world_size)
         self.args.tensorboard_dir = None  # no event files next to the checkpoints

@@ -3,19 +3,11 @@ environment (`nox -s build`), on the meta device or, for the tiny preset, on CPU
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def megatron_built() -> None:
-    if not (ROOT / "third_party" / "megatron-lm" / ".git").exists():
-        pytest.skip("third_party/megatron-lm is not materialized: run `nox -s build`")
-    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|absl).*")
 
 
 @pytest.fixture(scope="session")

@@ -19,11 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nam56r.training.data import BUILD_COMMAND
+from nam56r.training.data import BUILD_COMMAND, DataDir
 from nam56r.training.train import main as train_main
 
 TINY_VOCAB = 512  # the tiny recipe's vocabulary
-TRAIN, VALID = "train_text_document", "valid_text_document"
 
 
 @pytest.fixture(scope="module")
@@ -75,34 +74,37 @@ def test_good_data_passes_the_check_and_says_what_it_read(data: Path) -> None:
     code, out, err = _dry_run("--data", str(data))
     assert code == 0, err
     line = next(line for line in out.splitlines() if line.startswith("data checked: "))
-    assert f"{TRAIN} " in line and f"; {VALID} 1 documents" in line and "max id 511" in line
+    layout = DataDir(data)
+    assert f"{layout.train_prefix.name} " in line and f"; {layout.valid_prefix.name} 1 documents" in line and "max id 511" in line
     assert f"tokenizer {TINY_VOCAB} tokens; EOD 0 ends every document" in line
 
 
-@pytest.mark.parametrize("split", [TRAIN, VALID])
+@pytest.mark.parametrize("split", DataDir.SPLITS)
 def test_a_truncated_bin_is_refused(data: Path, split: str) -> None:
-    bin_path = data / f"{split}.bin"
+    prefix = DataDir(data).prefix(split)
+    bin_path = Path(f"{prefix}.bin")
     size = bin_path.stat().st_size
     with bin_path.open("r+b") as f:
         f.truncate(size - 100)
     err = _refused(data)
-    assert f"{bin_path} is truncated: it holds {size - 100:,} bytes but its index {split}.idx points at {size:,}" in err
+    assert f"{bin_path} is truncated: it holds {size - 100:,} bytes but its index {prefix.name}.idx points at {size:,}" in err
     assert _rebuild(data) in err
 
 
 def test_a_bin_longer_than_its_index_is_refused(data: Path) -> None:
-    bin_path = data / f"{TRAIN}.bin"
+    prefix = DataDir(data).train_prefix
+    bin_path = Path(f"{prefix}.bin")
     size = bin_path.stat().st_size
     with bin_path.open("ab") as f:
         f.write(b"\0" * 64)
     err = _refused(data)
-    assert f"{bin_path} holds {size + 64:,} bytes but its index {TRAIN}.idx accounts for {size:,}: the two files come from" in err
+    assert f"{bin_path} holds {size + 64:,} bytes but its index {prefix.name}.idx accounts for {size:,}: the two files come from" in err
     assert _rebuild(data) in err
 
 
-@pytest.mark.parametrize("split", [TRAIN, VALID])
+@pytest.mark.parametrize("split", DataDir.SPLITS)
 def test_an_index_with_another_header_is_refused(data: Path, split: str) -> None:
-    idx_path = data / f"{split}.idx"
+    idx_path = Path(f"{DataDir(data).prefix(split)}.idx")
     raw = idx_path.read_bytes()
     idx_path.write_bytes(b"NOTANIDX\x00" + raw[9:])
     err = _refused(data)
@@ -112,7 +114,7 @@ def test_an_index_with_another_header_is_refused(data: Path, split: str) -> None
 
 @pytest.mark.parametrize("keep", [20, -8], ids=["in-the-header", "in-the-arrays"])
 def test_a_cut_index_is_refused(data: Path, keep: int) -> None:
-    idx_path = data / f"{VALID}.idx"
+    idx_path = Path(f"{DataDir(data).valid_prefix}.idx")
     raw = idx_path.read_bytes()
     idx_path.write_bytes(raw[:keep])
     err = _refused(data)
@@ -121,12 +123,12 @@ def test_a_cut_index_is_refused(data: Path, keep: int) -> None:
 
 
 def test_an_index_whose_pointers_do_not_follow_its_lengths_is_refused(data: Path) -> None:
-    prefix = data / TRAIN
+    prefix = DataDir(data).train_prefix
     pointers, _ = _pointers(prefix)
-    raw = bytearray((data / f"{TRAIN}.idx").read_bytes())
+    raw = bytearray(Path(f"{prefix}.idx").read_bytes())
     at = raw.find(pointers.tobytes())  # the int64 pointer array, written whole by Megatron's writer
     raw[at + 8 : at + 16] = np.int64(pointers[1] + 2).tobytes()
-    (data / f"{TRAIN}.idx").write_bytes(bytes(raw))
+    Path(f"{prefix}.idx").write_bytes(bytes(raw))
     err = _refused(data)
     assert f"{prefix}.idx is damaged: its sequence pointers do not follow its sequence lengths" in err
 
@@ -135,7 +137,7 @@ def test_an_index_whose_pointers_do_not_follow_its_lengths_is_refused(data: Path
 def test_an_empty_corpus_is_refused(data: Path, documents: list) -> None:
     from nam56r.training.data import write_indexed_dataset
 
-    prefix = data / TRAIN
+    prefix = DataDir(data).train_prefix
     write_indexed_dataset(prefix, documents, np.uint16)
     err = _refused(data)
     assert f"{prefix} holds no tokens ({len(documents)} sequences, all empty or none): the corpus is empty" in err
@@ -143,7 +145,7 @@ def test_an_empty_corpus_is_refused(data: Path, documents: list) -> None:
 
 
 def test_token_ids_past_the_models_vocabulary_are_refused(data: Path) -> None:
-    bin_path = data / f"{TRAIN}.bin"
+    bin_path = Path(f"{DataDir(data).train_prefix}.bin")
     ids = np.memmap(bin_path, dtype=np.uint16, mode="r+")
     ids[3] = TINY_VOCAB + 7
     ids.flush()
@@ -153,7 +155,7 @@ def test_token_ids_past_the_models_vocabulary_are_refused(data: Path) -> None:
 
 
 def test_documents_without_eod_are_refused(data: Path) -> None:
-    prefix = data / VALID
+    prefix = DataDir(data).valid_prefix
     pointers, lengths = _pointers(prefix)
     ids = np.memmap(f"{prefix}.bin", dtype=np.uint16, mode="r+")
     ids[pointers[0] // 2 + lengths[0] - 1] = 5  # the last token of document 0, its EOD
@@ -177,24 +179,24 @@ def _bigger_tokenizer(tokenizer_dir: Path, out: Path, extra: int) -> Path:
 
 def test_a_tokenizer_larger_than_the_model_is_refused_beside_a_bare_prefix(data: Path, tmp_path: Path) -> None:
     """A bare prefix with --tokenizer: the tokenizer is loaded as pretrain loads it and measured."""
-    big = _bigger_tokenizer(data / "tokenizer", tmp_path / "big-tokenizer", 100)
-    err = _refused(data / TRAIN, "--tokenizer", str(big))
+    big = _bigger_tokenizer(DataDir(data).tokenizer_dir, tmp_path / "big-tokenizer", 100)
+    err = _refused(DataDir(data).train_prefix, "--tokenizer", str(big))
     assert f"the tokenizer in {big} has {TINY_VOCAB + 100} tokens but the model's vocab_size is {TINY_VOCAB}" in err
     assert "pass the tokenizer the data was made with" in err
 
 
 def test_a_built_corpus_whose_tokenizer_was_replaced_is_refused(data: Path, tmp_path: Path) -> None:
     """data.json still says 512; the tokenizer directory it names now holds 612 tokens."""
-    big = _bigger_tokenizer(data / "tokenizer", tmp_path / "big-tokenizer", 100)
-    shutil.rmtree(data / "tokenizer")
-    shutil.copytree(big, data / "tokenizer")
+    big = _bigger_tokenizer(DataDir(data).tokenizer_dir, tmp_path / "big-tokenizer", 100)
+    shutil.rmtree(DataDir(data).tokenizer_dir)
+    shutil.copytree(big, DataDir(data).tokenizer_dir)
     err = _refused(data)
-    assert f"the tokenizer in {data / 'tokenizer'} has {TINY_VOCAB + 100} tokens but the model's vocab_size is {TINY_VOCAB}" in err
+    assert f"the tokenizer in {DataDir(data).tokenizer_dir} has {TINY_VOCAB + 100} tokens but the model's vocab_size is {TINY_VOCAB}" in err
     assert _rebuild(data) in err
 
 
 def test_a_built_corpus_of_another_vocabulary_is_refused(data: Path) -> None:
-    manifest = data / "data.json"
+    manifest = DataDir(data).manifest
     raw = json.loads(manifest.read_text())
     raw["vocab_size"]["reached"] = 4096
     manifest.write_text(json.dumps(raw))
@@ -209,16 +211,16 @@ def test_a_converted_prefix_names_the_command_that_made_it(data: Path, tmp_path:
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"text": f"int f{i}(void) {{ return {i}; }}\n" * 20}) + "\n" for i in range(40)))
     prefix = tmp_path / "mine" / "train"
-    argv = ["convert", str(rows), "--text-key", "text", "--tokenizer", str(data / "tokenizer"), "--out", str(prefix),
+    argv = ["convert", str(rows), "--text-key", "text", "--tokenizer", str(DataDir(data).tokenizer_dir), "--out", str(prefix),
             "--valid-fraction", "0.2"]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         assert data_main(argv) == 0
     valid = Path(f"{prefix}_valid")
-    code, out, err = _dry_run("--data", str(prefix), "--valid-data", str(valid), "--tokenizer", str(data / "tokenizer"))
+    code, out, err = _dry_run("--data", str(prefix), "--valid-data", str(valid), "--tokenizer", str(DataDir(data).tokenizer_dir))
     assert code == 0, err
     with open(f"{valid}.bin", "r+b") as f:
         f.truncate(10)
-    err = _refused(prefix, "--valid-data", str(valid), "--tokenizer", str(data / "tokenizer"))
+    err = _refused(prefix, "--valid-data", str(valid), "--tokenizer", str(DataDir(data).tokenizer_dir))
     assert f"{valid}.bin is truncated" in err
     assert f"make it again with `{shlex.join(['python', '-m', 'nam56r.training.data', *argv])}` (add --force to overwrite)" in err
 
@@ -230,14 +232,14 @@ def test_a_missing_data_path_is_refused(tmp_path: Path, name: str) -> None:
 
 
 def test_a_directory_without_data_json_names_its_prefixes(data: Path) -> None:
-    (data / "data.json").unlink()
+    DataDir(data).manifest.unlink()
     code, _, err = _dry_run("--data", str(data))
     assert code == 2 and f"no training data in {data} (data.json is missing)" in err
-    assert f"pass one of its prefixes as --data, with --tokenizer: {data / TRAIN}, {data / VALID}" in err
+    assert f"pass one of its prefixes as --data, with --tokenizer: {DataDir(data).train_prefix}, {DataDir(data).valid_prefix}" in err
 
 
 def test_tokenizer_or_valid_data_beside_a_data_directory_is_refused(data: Path) -> None:
-    code, _, err = _dry_run("--data", str(data), "--tokenizer", str(data / "tokenizer"))
+    code, _, err = _dry_run("--data", str(data), "--tokenizer", str(DataDir(data).tokenizer_dir))
     assert code == 2 and f"--data {data} is a data directory, which names its own tokenizer and valid split" in err
     assert "drop --tokenizer" in err
 
@@ -250,22 +252,22 @@ def test_build_over_sources_with_no_usable_file_fails_and_keeps_the_earlier_buil
     source.mkdir()
     for name, content in files.items():
         (source / name).write_bytes(content)
-    before = (data / "data.json").read_text()
+    before = DataDir(data).manifest.read_text()
     with pytest.raises(SystemExit) as exc, contextlib.redirect_stderr(io.StringIO()):
         data_main(["build", "--source", str(source), "--out", str(data), "--vocab-size", str(TINY_VOCAB), "--force"])
     message = str(exc.value)
     assert message.startswith(f"error: no usable source files under {source} (")
     assert ("2 files with those suffixes, all skipped: {'empty': 1, 'not UTF-8': 1}" if files else "no such files") in message
-    assert (data / "data.json").read_text() == before  # the earlier build is still whole
+    assert DataDir(data).manifest.read_text() == before  # the earlier build is still whole
 
 
 def test_a_copied_corpus_names_its_recorded_build_command_writing_where_it_is_now(built: Path, data: Path) -> None:
     """data.json records the command that built it (`--out` the original directory); the fix rebuilds the copy read."""
-    manifest = data / "data.json"
+    manifest = DataDir(data).manifest
     raw = json.loads(manifest.read_text())
     raw["command"] = shlex.join(["python", "-m", "nam56r.training.data", "build", "--vocab-size", str(TINY_VOCAB), "--out", str(built)])
     manifest.write_text(json.dumps(raw))
-    with open(data / f"{TRAIN}.bin", "r+b") as f:
+    with open(f"{DataDir(data).train_prefix}.bin", "r+b") as f:
         f.truncate(0)
     err = _refused(data)
     rebuild = f"python -m nam56r.training.data build --vocab-size {TINY_VOCAB} --out {data}"

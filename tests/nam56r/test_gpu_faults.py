@@ -80,7 +80,8 @@ def _state(pid: int) -> str:
 
 
 def test_a_kill_during_a_checkpoint_save_resumes_from_the_last_complete_checkpoint(megatron_built, tiny_data, tmp_path) -> None:
-    from nam56r.training.runlog import compare_loss_curves, logged_loss_curve, loss_curve, resolve_tensorboard_dir
+    from nam56r.training.run_events import compare_loss_curves, logged_loss_curve, loss_curve
+    from nam56r.training.runlog import resolve_tensorboard_dir
 
     killed_dir = tmp_path / "killed"
     checkpoints = killed_dir / "checkpoints"

@@ -2,21 +2,47 @@
 flags through Megatron's parser and `validate_args`, Megatron's global state set as `pretrain`'s
 argument parsing sets it, and the model provider `nam56r.training.pretrain` hands to `pretrain`, which derives
 Megatron's config from those flags and builds through Megatron's HybridModel and layer builders.
-Only the device differs from a GPU run: the provider's build lands on "meta" here."""
+Only the device differs from a GPU run: the provider's build lands on "meta" here.
+
+The same build holds the two lowerings of `nam56r.model.megatron_fields` to each other: the config
+Megatron derives from the flags equals `megatron_config` (builds outside training) on every field
+but the run's (`RUN_FIELDS`). Both come from one table, so a row dropped or altered there moves both;
+tests/nam56r/test_megatron_fields.py pins the table itself."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 from pathlib import Path
 
 import pytest
 
-from nam56r.training.megatron_args import DataPaths, RunPaths, lower, megatron_validate, transformer_config_from_args
+from nam56r.training.data_dir import DataDir
+from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, transformer_config_from_args
 from nam56r.training.recipe import get_recipe
 
 BUILT_RECIPES = ["tiny-1gpu", "proxy-1gpu", "h200x8-bf16"]  # nam56r-tiny, nam56r-proxy, nam56r
+
+# MLATransformerConfig fields where the config Megatron derives from the training flags may differ
+# from `megatron_config(model_config, meta=True)`: how the run goes, not what the model is.
+RUN_FIELDS = {
+    # precision (--bf16; counting builds keep fp32) and initialization on the build's device
+    "params_dtype", "autocast_dtype", "pipeline_dtype", "perform_initialization", "use_cpu_initialization",
+    # parallelism
+    "expert_model_parallel_size", "tensor_parallel_num_weight_shards", "expert_tensor_parallel_num_weight_shards",
+    "cp_comm_type", "deallocate_pipeline_outputs",
+    # kernels and the backend (--transformer-impl, --fused-linear-cross-entropy, Megatron's training defaults)
+    "transformer_impl", "fused_linear_cross_entropy", "masked_softmax_fusion", "bias_dropout_fusion", "attention_softmax_in_fp32",
+    "moe_token_dispatcher_type",  # a runtime row; shape-level builds use the all-gather dispatcher
+    "inference_sampling_seed",  # --seed
+    "rotary_scaling_factor",  # YaRN's only; NAM56R's rope_type is "rope"
+    # Megatron sets is_hybrid_model from --hybrid-layer-pattern, and with it scales the output layers'
+    # init std by 1/sqrt(num_layers) instead of 1/sqrt(2*num_layers); `megatron_config` does not set it
+    # (yet), so CPU and direct GPU builds initialize those layers smaller than training does.
+    "is_hybrid_model", "output_layer_init_method",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +58,8 @@ def tokenizer_dir(tmp_path_factory, megatron_built) -> Path:
 def _lowered(name: str, run_dir: Path, tokenizer: Path) -> tuple[list[str], object]:
     recipe = get_recipe(name)
     model = recipe.model_config()
-    data = DataPaths(run_dir / "train_text_document", None, tokenizer)
-    return lower(recipe, model, data, RunPaths(run_dir, None, None), "local"), recipe
+    data = DataPaths(DataDir(run_dir).train_prefix, None, tokenizer)
+    return megatron_flags(recipe, model, data, RunPaths(run_dir, None, None), "local"), recipe
 
 
 @pytest.fixture
@@ -55,6 +81,7 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, tokenizer_di
     from megatron.core.transformer.experimental_attention_variant.absorbed_mla import AbsorbedMLASelfAttention
 
     import nam56r.model.model
+    import nam56r.training.preflight
     from nam56r.model.mamba3_mixer import Mamba3Mixer
     from nam56r.model.pattern import LayerKind
     from nam56r.training.pretrain import model_provider
@@ -72,10 +99,18 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, tokenizer_di
         devices.append(device)
         return real_build(*a, device="meta", **k)
 
+    real_preflight, preflights = nam56r.training.preflight.run_preflight, []
+
+    def preflight_without_gpu(config, **k):
+        preflights.append(config)
+        return real_preflight(config, require_gpu=False, **k)  # the real checks of the trees and fused paths, but the GPU's
+
     monkeypatch.setattr(nam56r.model.model, "build_model", build_on_meta)
+    monkeypatch.setattr(nam56r.training.preflight, "run_preflight", preflight_without_gpu)
     model = model_provider(pre_process=True, post_process=True)
 
     assert devices == ["cuda"]  # the provider's own build, redirected to meta on this CPU machine
+    assert preflights == [model_config]  # every rank's provider runs the preflight before it builds
     assert isinstance(model, nam56r.model.model.NAM56RModel) and model.model_config == model_config
     assert model.config.persist_layer_norm is False and model.config.num_layers == model_config.num_layers
     assert len(model.decoder.layers) == model_config.num_layers
@@ -84,6 +119,12 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, tokenizer_di
         is_mamba3 = isinstance(getattr(layer, "mixer", None), Mamba3Mixer)
         assert (is_dsa, is_mamba3) == (kind is LayerKind.DSA, kind is LayerKind.MAMBA3), (kind, type(layer).__name__)
     assert len(model.mtp.layers) == model_config.mtp.depths
+
+    # The two lowerings agree: Megatron's config from the flags (as the provider built with it) and ours.
+    ours = nam56r.model.model.megatron_config(model_config, meta=True)
+    differ = {f.name: (getattr(model.config, f.name), getattr(ours, f.name)) for f in dataclasses.fields(ours)}
+    differ = {name: pair for name, pair in differ.items() if repr(pair[0]) != repr(pair[1]) and name not in RUN_FIELDS}
+    assert differ == {}, f"(flags' value, megatron_config's value) per field: {differ}"
 
 
 @pytest.mark.parametrize("name", BUILT_RECIPES)

@@ -10,23 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from nam56r.training.megatron_args import (
-    DataPaths,
-    RunPaths,
-    architecture_mismatches,
-    lower,
-    megatron_validate,
-    refused_flags,
-    transformer_config_from_args,
-)
+from nam56r.model.megatron_fields import architecture_mismatches
+from nam56r.training.data_dir import DataDir
+from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, refused_flags, transformer_config_from_args
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
 
-DATA = DataPaths(Path("/data/train_text_document"), Path("/data/valid_text_document"), Path("/data/tokenizer"))
+LAYOUT = DataDir(Path("/data"))
+DATA = DataPaths(LAYOUT.train_prefix, LAYOUT.valid_prefix, LAYOUT.tokenizer_dir)
 RUN = RunPaths(Path("/runs/r"), Path("/runs/r/checkpoints"), None)
 
 
 def _validated(recipe: Recipe, backend: str = "local", run: RunPaths = RUN):
-    argv = lower(recipe, recipe.model_config(), DATA, run, backend)
+    argv = megatron_flags(recipe, recipe.model_config(), DATA, run, backend)
     with contextlib.redirect_stdout(io.StringIO()):
         margs = megatron_validate(argv, recipe.world_size)
         return argv, margs, transformer_config_from_args(margs)
@@ -36,7 +31,7 @@ def _validated(recipe: Recipe, backend: str = "local", run: RunPaths = RUN):
 def test_recipe_lowers_to_flags_megatron_accepts_with_our_architecture(megatron_built, name):
     recipe = get_recipe(name)
     argv, margs, cfg = _validated(recipe)
-    assert architecture_mismatches(recipe.model_config(), cfg) == []
+    assert architecture_mismatches(recipe.model_config(), margs, cfg) == []
     assert margs.world_size == recipe.world_size
     assert margs.data_parallel_size == recipe.data_parallel
     assert margs.expert_model_parallel_size == recipe.ep
@@ -58,15 +53,19 @@ def test_h200x8_recipes_match_the_original_production_topologies():
 
 
 def test_lowering_drift_is_caught(megatron_built):
-    """Drop a flag that changes the architecture: the cross-check must name the field."""
+    """A dropped architecture flag, or an extra flag that contradicts one, is named by the cross-check,
+    in Megatron's config or in its arguments; a runtime row (the MoE dispatcher) may be replaced."""
     recipe = get_recipe("tiny-1gpu")
-    argv = lower(recipe, recipe.model_config(), DATA, RUN, "local")
+    argv = megatron_flags(recipe, recipe.model_config(), DATA, RUN, "local")
     i = argv.index("--rope-type")
     del argv[i : i + 2]
+    argv += ["--hidden-dropout", "0.1", "--make-vocab-size-divisible-by", "64", "--moe-token-dispatcher-type", "allgather"]
     with contextlib.redirect_stdout(io.StringIO()):
-        cfg = transformer_config_from_args(megatron_validate(argv, 1))
-    problems = architecture_mismatches(recipe.model_config(), cfg)
-    assert any(p.startswith("rope_type") for p in problems), problems
+        margs = megatron_validate(argv, 1)
+        cfg = transformer_config_from_args(margs)
+    problems = architecture_mismatches(recipe.model_config(), margs, cfg)
+    assert [p.split(":")[0] for p in problems] == ["rope_type", "hidden_dropout", "make_vocab_size_divisible_by"], problems
+    assert problems[1] == "hidden_dropout: flags give 0.1, NAM56R defines 0.0 (set by --hidden-dropout)"
 
 
 def test_resume_lowers_load_and_exits_on_missing_checkpoint(megatron_built):

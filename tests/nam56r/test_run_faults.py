@@ -142,7 +142,7 @@ def test_a_nonfinite_loss_names_the_step_and_the_last_checkpoint(megatron_built,
     reach the loss function through `forward_step`, as in `pretrain`."""
     from megatron.training import global_vars
 
-    from nam56r.training.megatron_args import DataPaths, RunPaths, lower, megatron_validate
+    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate
     from nam56r.training.pretrain import forward_step
     from nam56r.training.recipe import get_recipe
     from nam56r.training.run_faults import NonFiniteLoss
@@ -151,7 +151,7 @@ def test_a_nonfinite_loss_names_the_step_and_the_last_checkpoint(megatron_built,
     save = tmp_path / "checkpoints"
     save.mkdir()
     (save / TRACKER).write_text("5")
-    argv = lower(recipe, recipe.model_config(), DataPaths(Path("/data/train"), None, Path("/data/tokenizer")),
+    argv = megatron_flags(recipe, recipe.model_config(), DataPaths(Path("/data/train"), None, Path("/data/tokenizer")),
                  RunPaths(tmp_path / "run", save, None), "local")
     args = megatron_validate([*argv, "--nam56r-nonfinite-loss-at-step", "8"], recipe.world_size)
     batch = {"tokens": torch.zeros(1, 4, dtype=torch.long), "labels": torch.zeros(1, 4, dtype=torch.long),

@@ -13,15 +13,8 @@ import pytest
 
 from nam56r.model.flops import FORMULA, flops_per_token
 from nam56r.model.presets import get_preset
-from nam56r.training.runlog import (
-    DEFAULT_WINDOW,
-    MissingTagError,
-    choose_window,
-    compare_loss_curves,
-    logged_loss_curve,
-    loss_curve,
-    summarize_run,
-)
+from nam56r.training.run_events import MissingTagError, compare_loss_curves, logged_loss_curve, loss_curve
+from nam56r.training.runlog import DEFAULT_WINDOW, choose_window, summarize_run
 
 SEQ, BATCH, WORLD = 64, 16, 2
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

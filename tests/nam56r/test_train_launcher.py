@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nam56r.training.data_dir import DataDir
 from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, slurm_script, torchrun_command
 from nam56r.training.recipe import get_recipe
 from nam56r.training.train import main as train_main
@@ -49,8 +50,8 @@ def test_dry_run_prints_checks_preflight_and_the_exact_command(tiny_data, tmp_pa
     assert cmd[0] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
     assert cmd[2:5] == ["-m", "torch.distributed.run", "--nproc-per-node"]
     flags = cmd[cmd.index("nam56r.training.pretrain") + 1 :]
-    assert flags[flags.index("--train-data-path") + 1] == str(tiny_data / "train_text_document")
-    assert flags[flags.index("--tokenizer-model") + 1] == str(tiny_data / "tokenizer")
+    assert flags[flags.index("--train-data-path") + 1] == str(DataDir(tiny_data).train_prefix)
+    assert flags[flags.index("--tokenizer-model") + 1] == str(DataDir(tiny_data).tokenizer_dir)
     assert flags[flags.index("--save") + 1] == str(tmp_path / "run" / "checkpoints")
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
 
@@ -137,7 +138,7 @@ def test_data_larger_than_the_model_vocab_is_refused(tiny_data, tmp_path):
 
 
 def test_bare_prefix_needs_a_tokenizer(tiny_data, tmp_path):
-    code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data / "train_text_document")])
+    code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(DataDir(tiny_data).train_prefix)])
     assert code == 2 and "pass --tokenizer DIR" in err
     code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tmp_path / "nothing")])
     assert code == 2 and f"--data {tmp_path / 'nothing'} does not exist: give a data directory with data.json" in err
@@ -181,15 +182,16 @@ def test_forward_step_on_a_real_dataset_batch(tiny_data):
     from megatron.core.datasets.gpt_dataset import GPTDataset
 
     from nam56r.training.data import load_megatron_tokenizer
-    from nam56r.training.megatron_args import DataPaths, RunPaths, lower, megatron_validate
+    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate
     from nam56r.training.pretrain import forward_step, gpt_dataset_config
 
     recipe = get_recipe("tiny-1gpu")
     model = recipe.model_config()
-    data = DataPaths(tiny_data / "train_text_document", tiny_data / "valid_text_document", tiny_data / "tokenizer")
+    layout = DataDir(tiny_data)
+    data = DataPaths(layout.train_prefix, layout.valid_prefix, layout.tokenizer_dir)
     with contextlib.redirect_stdout(io.StringIO()):
-        margs = megatron_validate(lower(recipe, model, data, RunPaths(Path("/r"), None, None), "local"), 1)
-    tokenizer = load_megatron_tokenizer(tiny_data / "tokenizer")
+        margs = megatron_validate(megatron_flags(recipe, model, data, RunPaths(Path("/r"), None, None), "local"), 1)
+    tokenizer = load_megatron_tokenizer(layout.tokenizer_dir)
     train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, [4, 2, None], lambda: True, gpt_dataset_config(margs, tokenizer)).build()
     sample = train[0]
     assert sample["tokens"].shape == (model.seq_length,)

@@ -72,26 +72,3 @@ def test_a_folder_nam56r_train_did_not_write_is_not_recorded(tmp_path: Path) -> 
     assert proc.returncode == 1
     assert "not recorded" in proc.stderr and "command.sh not found: not a run directory of nam56r.training.train" in proc.stderr
     assert not (tmp_path / "checkout" / "patches" / "manifest.toml").exists()
-
-
-def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
-
-
-def test_the_manifest_the_records_go_into_does_not_make_the_checkout_dirty(tmp_path: Path) -> None:
-    from nam56r.training.train_record import checkout_commit
-
-    repo = tmp_path / "repo"
-    (repo / "patches").mkdir(parents=True)
-    (repo / "patches" / "manifest.toml").write_text("# records\n")
-    (repo / "README.md").write_text("readme\n")
-    _git(repo, "init", "-q")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "empty")
-    _git(repo, "add", ".")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "files")
-
-    (repo / "patches" / "manifest.toml").write_text("# records\n[[record]]\nwhat = 'pack'\n")
-    assert checkout_commit(repo)[1] is False
-
-    (repo / "README.md").write_text("edited\n")
-    assert checkout_commit(repo)[1] is True

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nam56r.training.megatron_args import RunPaths
+from nam56r.training.flags import RunPaths
 from nam56r.training.recipe import RECIPES, Recipe
 from nam56r.training.train import _summarize, _write_run_files
 

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from nam56r_patchlane.packs_cli import main as packs_main
+from nam56r_patchlane.packs.cli import main as packs_main
 from packs_testlib import BODY, PACK, PATCH, REPRO, add_pack, pack_toml, set_header
 from patchlane_testlib import Lane, Result
 

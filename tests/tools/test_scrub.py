@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from nam56r_patchlane.mdcheck import markdown_problems
-from nam56r_patchlane.scrub import ScrubConfig, added_lines, scan_text
+from nam56r_patchlane.packs.markdown_check import markdown_problems
+from nam56r_patchlane.packs.scrub import ScrubConfig, added_lines, scan_text
 
 PUBLIC = """\
 host: gpu=NVIDIA H100 80GB HBM3 (sm 9.0) driver=580.159.04 python=3.12.3 torch=2.11.0+cu130 triton=3.6.0 cuda=13.0

@@ -7,7 +7,6 @@ nothing changed does no work and says so.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,10 +14,11 @@ from . import environment as envmod
 from .apply import sync_series
 from .artifacts import fetch_artifact
 from .cachemanifest import MANIFEST_NAME, WHEELS_DIR, verify_cache
+from .console import StepProgress, format_table
 from .errors import PatchlaneError
-from .lock import Lock
+from .lock import Lock, Upstream
 from .materialize import materialize_upstream
-from .series import read_series, series_problems
+from .series import Series, read_series, series_problems
 from .superproject import protect_gitlink
 
 
@@ -37,7 +37,9 @@ class BuildOptions:
 
 
 @dataclass
-class Row:
+class BuildRow:
+    """One upstream's row of the table `build` ends with; the field names are its headers."""
+
     upstream: str
     pin: str
     source: str
@@ -47,40 +49,59 @@ class Row:
     action: str
 
 
-class Progress:
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.step = 0
-        self.start = time.monotonic()
-
-    def elapsed(self) -> str:
-        return f"{time.monotonic() - self.start:6.1f}s"
-
-    def next(self, text: str) -> None:
-        self.step += 1
-        print(f"[{self.elapsed()}] ({self.step}/{self.total}) {text}", flush=True)
-
-    def log(self, text: str) -> None:
-        print(f"[{self.elapsed()}] {text}", flush=True)
+NO_OP = "no-op"  # a row's action when the build changed nothing for that upstream
 
 
-def format_table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip()  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+@dataclass(frozen=True)
+class TargetEnvironment:
+    """The environment the upstreams go into, as the build found it and completed it."""
+
+    target: envmod.Target
+    profile: str
+    probe: envmod.Probe  # its installed distributions, after the requirements were installed
+    changed: bool  # requirements were installed
 
 
 def run_build(lock: Lock, options: BuildOptions) -> int:
+    """The target environment, then each selected upstream, then the import check, the table and the build record."""
     upstreams = lock.select(options.only)
-    progress = Progress(total=len(upstreams) + 2)
+    progress = StepProgress(total=len(upstreams) + 2)
     progress.next("target environment")
+    env = _prepare_environment(lock, options, progress)
+    rows: list[BuildRow] = []
+    for upstream in upstreams:
+        progress.next(f"{upstream.name} ({upstream.requirement})")
+        rows.append(_build_upstream(upstream, options, env, progress, rows))
+    changed = env.changed or any(row.action != NO_OP for row in rows)
+    progress.next("summary")
+    if changed and options.install:
+        modules = [m for u in upstreams for m in u.imports]
+        progress.log(f"  checking imports in the target: {', '.join(modules)}")
+        failures = envmod.check_imports(env.target, modules)
+    else:
+        failures = []
+    print(_rows_table(rows))
+    if failures:
+        raise PatchlaneError("imports failed in the target environment:\n" + "\n".join(f"  {f}" for f in failures))
+    if options.env_dir is not None and options.install:
+        envmod.write_build_record(options.env_dir, {"cache": str(options.cache_dir.resolve()), "offline": options.offline,
+                                                    "profile": env.profile, "base_python": envmod.layered_base(options.env_dir)})
+    if not changed:
+        print(f"no-op: every upstream is materialized, patched and installed as the lock and series say ({progress.elapsed().strip()})")
+    else:
+        print(f"done in {progress.elapsed().strip()}; target python: {env.target.python}")
+    return 0
+
+
+def _prepare_environment(lock: Lock, options: BuildOptions, progress: StepProgress) -> TargetEnvironment:
+    """Resolve (or create) the target environment, pick the profile, and install what the lock requires
+    there, keeping a torch that is new enough."""
     target = envmod.resolve_target(options.env_dir, options.python, progress.log, options.base_python)
     profile, why = envmod.detect_profile(options.profile)
     progress.log(f"  {target.description}; profile {profile}: {why}")
     for note in envmod.profile_notes(profile, lock):
         progress.log(f"  profile {profile}: {note}")
-    first = envmod.probe(target, [])
-    torch_version = first.version_of("torch")
+    torch_version = envmod.probe(target, []).version_of("torch")
     torch_ok = torch_version is not None and _version_at_least(torch_version, lock.environment.torch_min)
     if torch_version and torch_ok:
         progress.log(f"  torch {torch_version} already present: kept (needs >= {lock.environment.torch_min})")
@@ -97,71 +118,67 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
         changed = True
     if probe_result.missing and options.install:
         raise PatchlaneError(f"still missing after install: {probe_result.missing}")
+    return TargetEnvironment(target, profile, probe_result, changed)
 
-    rows: list[Row] = []
-    failures: list[str] = []
-    for upstream in upstreams:
-        progress.next(f"{upstream.name} ({upstream.requirement})")
-        series = read_series(options.root / "patches", upstream.name)
-        problems = series_problems(series)
-        if upstream.install == "wheel" and series.entries:
-            problems.append(f"{upstream.name}: install = \"wheel\" cannot carry patches; set install = \"editable\" in the lock")
-        if problems:
-            raise PatchlaneError(
-                "series problems:\n" + "\n".join(f"  {p}" for p in problems), "fix them; `apply_patches.py check` lists them all"
-            )
-        materialized = materialize_upstream(options.root, upstream, options.cache_dir, options.offline, target.python, progress.log)
-        tree, state = materialized.tree, materialized.state
-        protect_gitlink(options.root, upstream)
-        action = ["materialized"] if materialized.created else []
-        try:
-            if sync_series(tree, state, series, options.discard, progress.log):
-                action.append("patched")
-        except PatchlaneError:
-            rows.append(_row(upstream, state, series, tree, "unchanged", "FAILED"))
-            print(format_table(list(Row.__dataclass_fields__), [list(vars(r).values()) for r in rows]))
-            raise
-        install = "skipped"
-        if options.install:
-            if envmod.is_installed(probe_result, upstream, tree.path):
-                install = "editable" if upstream.install == "editable" else "wheel"
-            else:
-                artifact = None
-                if upstream.install == "wheel":
-                    artifact = fetch_artifact(upstream, options.cache_dir, options.offline, target.python, progress.log).path
-                how = f"editable, {tree.path}" if upstream.install == "editable" else f"pinned wheel {artifact.name}, its series is empty"
-                progress.log(f"  installing {upstream.requirement} ({how})")
-                if upstream.ignore_requires_python:
-                    progress.log(f"  {upstream.name}: with --ignore-requires-python, as the lock says"
-                                 f" (python {probe_result.python_version})")
-                envmod.install_upstream(target, upstream, tree.path, artifact, profile)
-                install = upstream.install
-                action.append("installed")
-        if tree.dirty_paths():
-            progress.log(f"  {upstream.name}: uncommitted edits in {tree.path} kept (live in the editable install);"
-                         f" `apply_patches.py refresh|new -u {upstream.name}` makes them a patch")
-        changed = changed or bool(action)
-        rows.append(_row(upstream, state, series, tree, install, ", ".join(action) or "no-op"))
-    progress.next("summary")
-    if changed and options.install:
-        modules = [m for u in upstreams for m in u.imports]
-        progress.log(f"  checking imports in the target: {', '.join(modules)}")
-        failures = envmod.check_imports(target, modules)
-    print(format_table(list(Row.__dataclass_fields__), [list(vars(r).values()) for r in rows]))
-    if failures:
-        raise PatchlaneError("imports failed in the target environment:\n" + "\n".join(f"  {f}" for f in failures))
-    if options.env_dir is not None and options.install:
-        envmod.write_build_record(options.env_dir, {"cache": str(options.cache_dir.resolve()), "offline": options.offline,
-                                                    "profile": profile, "base_python": envmod.layered_base(options.env_dir)})
-    if not changed:
-        print(f"no-op: every upstream is materialized, patched and installed as the lock and series say ({progress.elapsed().strip()})")
-    else:
-        print(f"done in {progress.elapsed().strip()}; target python: {target.python}")
-    return 0
+
+def _build_upstream(upstream: Upstream, options: BuildOptions, env: TargetEnvironment, progress: StepProgress,
+                    rows: list[BuildRow]) -> BuildRow:
+    """Materialize one upstream, bring its tree to the series and install it; its row of the final table.
+    When the series fails to apply, prints the table so far (`rows`) with this upstream FAILED, and raises."""
+    series = _buildable_series(options.root, upstream)
+    materialized = materialize_upstream(options.root, upstream, options.cache_dir, options.offline, env.target.python, progress.log)
+    tree, state = materialized.tree, materialized.state
+    protect_gitlink(options.root, upstream)
+    action = ["materialized"] if materialized.created else []
+    try:
+        if sync_series(tree, state, series, options.discard, progress.log):
+            action.append("patched")
+    except PatchlaneError:
+        print(_rows_table([*rows, _row(upstream, state, series, tree, "unchanged", "FAILED")]))
+        raise
+    install = "skipped"
+    if options.install:
+        install, installed = _ensure_installed(upstream, tree.path, options, env, progress)
+        if installed:
+            action.append("installed")
+    if tree.dirty_paths():
+        progress.log(f"  {upstream.name}: uncommitted edits in {tree.path} kept (live in the editable install);"
+                     f" `apply_patches.py refresh|new -u {upstream.name}` makes them a patch")
+    return _row(upstream, state, series, tree, install, ", ".join(action) or NO_OP)
+
+
+def _buildable_series(root: Path, upstream: Upstream) -> Series:
+    """The upstream's series; refuses one with problems, or any patch on an upstream installed as the pinned wheel."""
+    series = read_series(root / "patches", upstream.name)
+    problems = series_problems(series)
+    if upstream.install == "wheel" and series.entries:
+        problems.append(f"{upstream.name}: install = \"wheel\" cannot carry patches; set install = \"editable\" in the lock")
+    if problems:
+        raise PatchlaneError(
+            "series problems:\n" + "\n".join(f"  {p}" for p in problems), "fix them; `apply_patches.py check` lists them all"
+        )
+    return series
+
+
+def _ensure_installed(upstream: Upstream, tree_path: Path, options: BuildOptions, env: TargetEnvironment,
+                      progress: StepProgress) -> tuple[str, bool]:
+    """Install the upstream as the lock says (editable from its tree, or its pinned wheel) unless the target
+    already has it so; how it is installed, and whether this build installed it."""
+    if envmod.is_installed(env.probe, upstream, tree_path):
+        return ("editable" if upstream.install == "editable" else "wheel"), False
+    artifact = None
+    if upstream.install == "wheel":
+        artifact = fetch_artifact(upstream, options.cache_dir, options.offline, env.target.python, progress.log).path
+    how = f"editable, {tree_path}" if upstream.install == "editable" else f"pinned wheel {artifact.name}, its series is empty"
+    progress.log(f"  installing {upstream.requirement} ({how})")
+    if upstream.ignore_requires_python:
+        progress.log(f"  {upstream.name}: with --ignore-requires-python, as the lock says (python {env.probe.python_version})")
+    envmod.install_upstream(env.target, upstream, tree_path, artifact, env.profile)
+    return upstream.install, True
 
 
 def _offline_source(
-    lock: Lock, cache_dir: Path, probe_result: envmod.Probe, torch_ok: bool, progress: Progress
+    lock: Lock, cache_dir: Path, probe_result: envmod.Probe, torch_ok: bool, progress: StepProgress
 ) -> tuple[list[str], dict[str, str]]:
     """pip options and environment installing from the verified cache only; refuses a cache that cannot serve
     this environment."""
@@ -181,9 +198,13 @@ def _offline_source(
     return ["--no-index", "--find-links", str(cache_dir / WHEELS_DIR)], isolated
 
 
-def _row(upstream, state, series, tree, install: str, action: str) -> Row:
+def _rows_table(rows: list[BuildRow]) -> str:
+    return format_table(list(BuildRow.__dataclass_fields__), [list(vars(r).values()) for r in rows])
+
+
+def _row(upstream, state, series, tree, install: str, action: str) -> BuildRow:
     dirty = tree.dirty_paths()
-    return Row(
+    return BuildRow(
         upstream=upstream.name,
         pin=f"{upstream.version} ({upstream.commit[:10]})",
         source=state.source,

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .artifacts import fetch_artifact, sha256_file
-from .build import Progress, format_table
 from .cachemanifest import (
     MANIFEST_NAME,
     MIB,
@@ -30,6 +29,7 @@ from .cachemanifest import (
     read_manifest,
     size_table,
 )
+from .console import StepProgress, format_table
 from .errors import PatchlaneError
 from .lock import Lock
 from .wheelhouse import ResolvedWheel, canonical, closure, download, resolve
@@ -83,7 +83,7 @@ def excluded(profile: str, exclude: tuple[str, ...]) -> tuple[str, ...]:
 
 def run_fill(lock: Lock, options: FillOptions) -> int:
     cache_dir, target = options.cache_dir, options.target
-    progress = Progress(total=2 if options.artifacts_only else 4)
+    progress = StepProgress(total=2 if options.artifacts_only else 4)
     progress.next(f"target: {target.describe()}")
     cache_dir.mkdir(parents=True, exist_ok=True)
     artifacts = _fill_artifacts(lock, options, progress)
@@ -116,7 +116,7 @@ def run_fill(lock: Lock, options: FillOptions) -> int:
     return 0
 
 
-def _fill_artifacts(lock: Lock, options: FillOptions, progress: Progress) -> list[CacheFile]:
+def _fill_artifacts(lock: Lock, options: FillOptions, progress: StepProgress) -> list[CacheFile]:
     upstreams = lock.select(options.only)
     progress.next(f"pinned artifacts of {len(upstreams)} upstream(s)")
     files = []
@@ -129,7 +129,7 @@ def _fill_artifacts(lock: Lock, options: FillOptions, progress: Progress) -> lis
     return files
 
 
-def _reuse(cache_dir: Path, previous: CacheManifest, target: WheelTarget, progress: Progress) -> list[CacheFile]:
+def _reuse(cache_dir: Path, previous: CacheManifest, target: WheelTarget, progress: StepProgress) -> list[CacheFile]:
     broken = [f for f in previous.wheels() if file_problem(cache_dir, f)]
     if broken:
         progress.log(f"  {len(broken)} wheel(s) missing or changed ({file_problem(cache_dir, broken[0])}"
@@ -147,7 +147,7 @@ def _reuse(cache_dir: Path, previous: CacheManifest, target: WheelTarget, progre
 
 
 def _resolve_and_download(lock: Lock, cache_dir: Path, groups: dict[str, list[str]], exclude: tuple[str, ...],
-                          target: WheelTarget, previous: CacheManifest | None, progress: Progress) -> list[CacheFile]:
+                          target: WheelTarget, previous: CacheManifest | None, progress: StepProgress) -> list[CacheFile]:
     everything = [r for reqs in groups.values() for r in reqs]
     if "torch" in exclude:
         # Packages that depend on torch resolve against a torch the node can have (torch_min), though none is fetched.

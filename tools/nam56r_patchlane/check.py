@@ -14,7 +14,7 @@ from .errors import PatchlaneError
 from .gittree import BASE_TAG, UpstreamTree, is_git_tree
 from .lock import Lock, Upstream
 from .materialize import materialize_upstream
-from .packs import coverage_problems, load_packs, pack_problems
+from .packs.pack import coverage_problems, load_packs, pack_problems
 from .patchfile import read_patch, validate_header
 from .series import read_series, series_problems
 from .superproject import gitlink_problems
@@ -67,7 +67,8 @@ def check_upstream(root: Path, upstream: Upstream, cache_dir: Path, offline: boo
     return problems
 
 
-def run_check(lock: Lock, root: Path, cache_dir: Path, offline: bool, python: str, only: list[str] | None, log=print) -> int:
+def run_ci_gate(lock: Lock, root: Path, cache_dir: Path, offline: bool, python: str, only: list[str] | None, log=print) -> int:
+    """`check`: every problem of the gitlinks, the packs and each selected upstream's series, named; 0 when there is none."""
     all_problems = gitlink_problems(root, lock, only)
     log(f"gitlinks: {'ok' if not all_problems else f'{len(all_problems)} problem(s)'}")
     packs = coverage_problems(root, lock) + [p for pack in load_packs(root) for p in pack_problems(pack, root, lock)]

@@ -3,31 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from pathlib import Path
 
 from . import apply as ops
 from .artifacts import default_cache_dir
-from .build import BuildOptions, format_table, run_build
-from .cachefill import FillOptions, run_fill
-from .cachemanifest import size_table, split_cache, verify_cache
-from .check import run_check
+from .build import BuildOptions, run_build
+from .cache_commands import add_cache_parser
+from .check import run_ci_gate
 from .checkout_lock import CHECKOUT_LOCK_RELATIVE_PATH, checkout_lock
-from .environment import detect_profile
+from .cli_options import DEFAULT_ROOT, LOCK_NOTE, default_python
+from .console import format_table
 from .errors import PatchlaneError
 from .gittree import UpstreamTree, is_git_tree
 from .lock import Lock, load_lock
-from .manifest import Record, append_record, host_stamp, merge_records, now_utc, parse_host_line, patch_checksum, read_records
+from .manifest_commands import add_manifest_parser
 from .patchfile import CATEGORIES
 from .rebase import run_rebase
 from .series import read_series
-from .wheeltarget import WheelTarget
 
-DEFAULT_ROOT = Path(__file__).resolve().parents[2]
-LOCK_NOTE = (f"It holds {CHECKOUT_LOCK_RELATIVE_PATH} while it runs: another command that writes this checkout waits"
-             " for it, naming it once, or gives up after --lock-timeout SECONDS (0: refuses at once, exit 75).")
 EPILOG = """\
 Typical flow:
   build                      materialize + patch + install every upstream (no-op when nothing changed)
@@ -44,18 +38,6 @@ cache fill hold third_party/.patchlane.lock while they run. A second one waits, 
 bounds the wait (0 refuses at once, exit 75). A holder that died never blocks: the kernel releases
 its lock. Records are appended to patches/manifest.toml one process at a time (patches/.manifest.lock).
 """
-
-
-def default_python(args) -> str:
-    """--python (absolute: reproducers run in their pack's folder), else the build's environment
-    (<root>/.venv) when it exists, else this interpreter."""
-    if args.python:
-        found = shutil.which(args.python)
-        if found is None:
-            raise PatchlaneError(f"--python {args.python}: no such interpreter", "pass a path to a python executable or a name on PATH")
-        return os.path.abspath(found)
-    venv_python = args.root / ".venv" / "bin" / "python"
-    return str(venv_python) if venv_python.exists() else sys.executable
 
 
 def _tree(root: Path, lock: Lock, name: str):
@@ -191,68 +173,11 @@ def cmd_export(args, lock: Lock) -> int:
 
 
 def cmd_check(args, lock: Lock) -> int:
-    return run_check(lock, args.root, args.cache, args.offline, default_python(args), args.only)
+    return run_ci_gate(lock, args.root, args.cache, args.offline, default_python(args), args.only)
 
 
 def cmd_rebase(args, lock: Lock) -> int:
     return run_rebase(args.root, lock.get(args.upstream), args.to, Path(args.report) if args.report else None, default_python(args))
-
-
-def cmd_cache_fill(args, lock: Lock) -> int:
-    profile, why = detect_profile(args.profile)
-    try:
-        target = WheelTarget.create(args.python_version, args.platform, profile)
-    except ValueError as exc:
-        raise PatchlaneError(str(exc)) from exc
-    if args.profile == "auto":
-        print(f"profile {profile}: {why} (name the target's with --profile)")
-    options = FillOptions(root=args.root, cache_dir=args.dir, target=target, exclude=tuple(args.exclude or ()),
-                          only=args.only or None, refresh=args.refresh, artifacts_only=args.artifacts_only,
-                          extra=tuple(args.wheels or ()))
-    return run_fill(lock, options)
-
-
-def cmd_cache_verify(args, lock: Lock) -> int:
-    manifest = verify_cache(args.dir, args.python_version)
-    target = manifest.target
-    print(f"{args.dir}: every file matches its manifest (python {target.python_version}, profile {target.profile},"
-          f" left out: {', '.join(target.exclude) or 'nothing'})")
-    print(format_table(["kind", "files", "MiB"], size_table(manifest)))
-    return 0
-
-
-def cmd_cache_split(args, lock: Lock) -> int:
-    manifest = verify_cache(args.dir)
-    parts = split_cache(args.dir, manifest, args.max_mib)
-    print(f"{len(parts)} part(s) under {args.dir}/.parts, each laid out like the cache. Carry each, then put them"
-          f" back together with: cp -a {args.dir}/.parts/*/. {args.dir}/   (`cache verify {args.dir}` checks the result)")
-    return 0
-
-
-def cmd_manifest_add(args, lock: Lock) -> int:
-    upstream = lock.get(args.upstream)
-    stamp = parse_host_line(args.host_line) if args.host_line else host_stamp(default_python(args))
-    patch = args.root / args.what
-    record = Record(
-        what=args.what, upstream=upstream.name, upstream_commit=upstream.commit,
-        patch_sha256=patch_checksum(patch) if patch.is_file() else "", host=stamp, command=args.command_line,
-        exit_code=args.exit_code, sentinels=tuple(args.sentinel or ()), date=now_utc(), figures=args.figures or "",
-    )
-    path = append_record(args.root, record)
-    print(f"appended to {path}: {record.what} exit {record.exit_code} {stamp.line()}")
-    return 0
-
-
-def cmd_manifest_merge(args, lock: Lock) -> int:
-    added = merge_records(args.root, args.file)
-    print(f"{added} record(s) from {args.file} appended to {args.root / 'patches' / 'manifest.toml'}")
-    return 0
-
-
-def cmd_manifest_list(args, lock: Lock) -> int:
-    rows = [[r["date"], r["what"], r["host"]["gpu"], str(r["exit_code"]), " ".join(r["sentinels"])] for r in read_records(args.root)]
-    print(format_table(["date", "what", "gpu", "exit", "sentinels"], rows) if rows else "(no records)")
-    return 0
 
 
 def _add_common(parser: argparse.ArgumentParser, defaults: bool) -> None:
@@ -340,50 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, help="a git ref in the tree, or a PyPI version of the upstream")
     p.add_argument("--report", help="markdown report path (default: third_party/.rebase/<name>-<ref>.md)")
 
-    p = add("cache", cmd_cache_fill, "offline cache: `fill` it where an index is reachable, `verify` it, `split` it for transfers")
-    csub = p.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
-    c = csub.add_parser("fill", parents=[common], help="pinned artifacts + every wheel an offline build and nox need, for one target",
-                        description="Gather the pinned artifacts and every wheel an --offline build, nox and its sessions need on"
-                        " a target interpreter and platform, through pip; idempotent; ends with the cache's size per kind. "
-                        + LOCK_NOTE)
-    c.set_defaults(func=cmd_cache_fill, writes=True)
-    c.add_argument("dir", type=Path)
-    c.add_argument("--python-version", help="the target interpreter, e.g. 3.12 (default: this interpreter and its platform)")
-    c.add_argument("--platform", action="append",
-                   help="target platform tag, e.g. manylinux_2_28_x86_64 (older manylinux tags are added); repeatable")
-    c.add_argument("--profile", choices=["auto", "cpu", "gpu"], default="auto",
-                   help="cpu: torch comes from the cache; gpu: the target's own CUDA torch is used, torch is left out (default: auto)")
-    c.add_argument("--exclude", action="append", metavar="DIST",
-                   help="a distribution the target already has; it, and what only it needs, is left out (repeatable)")
-    c.add_argument("--wheels", nargs="+", metavar="REQ", help="more requirements to carry (with their dependencies)")
-    c.add_argument("--refresh", action="store_true", help="resolve again even when the manifest matches; remove what is no longer needed")
-    c.add_argument("--artifacts-only", action="store_true", help="only the lock's pinned artifacts, no wheels")
-    c.add_argument("only", nargs="*", default=None, help="upstream names whose artifacts to fetch (default: all)")
-    c = csub.add_parser("verify", parents=[common], help="check every file against the cache's manifest")
-    c.set_defaults(func=cmd_cache_verify)
-    c.add_argument("dir", type=Path)
-    c.add_argument("--python-version", help="also refuse a cache filled for another python, e.g. 3.12")
-    c = csub.add_parser("split", parents=[common], help="hard-link the files into DIR/.parts/NN of at most --max-mib each")
-    c.set_defaults(func=cmd_cache_split)
-    c.add_argument("dir", type=Path)
-    c.add_argument("--max-mib", type=float, required=True, help="the largest part, in MiB")
-
-    p = add("manifest", cmd_manifest_list, "list validation records; `manifest add` appends one")
-    msub = p.add_subparsers(dest="manifest_command")
-    msub.add_parser("list", help="list validation records", parents=[common]).set_defaults(func=cmd_manifest_list)
-    m = msub.add_parser("add", help="append a validation record", parents=[common])
-    m.set_defaults(func=cmd_manifest_add)
-    m.add_argument("--what", required=True, help="patch file path (relative to root) or pack id")
-    m.add_argument("-u", "--upstream", required=True)
-    m.add_argument("--command", dest="command_line", required=True)
-    m.add_argument("--exit-code", type=int, required=True)
-    m.add_argument("--sentinel", action="append")
-    m.add_argument("--figures")
-    m.add_argument("--host-line", help="the reproducer's first output line, when it ran on another host (e.g. the GPU node)")
-    m = msub.add_parser("merge", help="append the records of another copy of the manifest (e.g. from a GPU node) not yet here",
-                        parents=[common])
-    m.set_defaults(func=cmd_manifest_merge)
-    m.add_argument("file", type=Path, help="the other manifest.toml")
+    add_cache_parser(add, common)
+    add_manifest_parser(add, common)
     return parser
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .artifacts import pip_download, sha256_file
-from .build import format_table
+from .console import format_table
 from .errors import PatchlaneError
 from .gittree import UpstreamTree, is_git_tree
 from .lock import Upstream

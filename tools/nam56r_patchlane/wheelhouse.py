@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from .artifacts import PIP_INTERNALS
 from .errors import PatchlaneError
 from .wheeltarget import WheelTarget
 
@@ -29,7 +30,6 @@ except ImportError:  # pragma: no cover - depends on the interpreter
     from pip._vendor.packaging.markers import Marker
     from pip._vendor.packaging.requirements import Requirement
 
-PIP_INTERNALS = Path(__file__).with_name("pip_internals.py")
 
 
 def canonical(name: str) -> str:

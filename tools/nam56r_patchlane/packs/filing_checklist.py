@@ -1,4 +1,5 @@
-"""`packs preflight`: the pre-filing checklist, executable. Every item that fails is named.
+"""`packs preflight`: the pre-filing checklist, executable. Every item that fails is named. (The training
+preflight, which gates a run, is nam56r.training.preflight; the two share nothing but the word.)
 
 1. The reproducer passed, on both sides, on a named host within the last N days, for the current
    patch and reproducer checksum (the manifest decides, not the body's prose).
@@ -22,13 +23,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .lock import Lock
-from .manifest import read_records
-from .mdcheck import markdown_problems
-from .packrecords import manifest_excerpt, passing_records
-from .packrun import side_commits
-from .packs import Pack, pack_checksum, pack_problems
-from .patchfile import read_patch
+from ..lock import Lock
+from ..manifest import read_records
+from ..patchfile import read_patch
+from .markdown_check import markdown_problems
+from .pack import Pack, pack_checksum, pack_problems
+from .records import manifest_excerpt, passing_records
+from .run import side_commits
 from .scrub import added_lines, load_config, scan_text
 
 MEGATRON_TARGET = "NVIDIA/Megatron-LM"
@@ -180,8 +181,10 @@ def approval_item(pack: Pack) -> Item:
     return Item("filing approval recorded", ())
 
 
-def run_preflight(pack: Pack, root: Path, lock: Lock, today: dt.date, max_age_days: int, python: str = sys.executable,
-                  with_approval: bool = True) -> list[Item]:
+def run_filing_checklist(pack: Pack, root: Path, lock: Lock, today: dt.date, max_age_days: int, python: str = sys.executable,
+                         with_approval: bool = True) -> list[Item]:
+    """Every item of the checklist for one pack, in the order `packs preflight` prints them; without
+    with_approval, all but the person's approval (what "ready" means to `packs waves` and `packs approve`)."""
     items = [Item("pack.toml valid", tuple(pack_problems(pack, root, lock))),
              manifest_item(pack, root, today, max_age_days)]
     body = pack.body_path.read_text() if pack.body_path.is_file() else ""
@@ -193,7 +196,8 @@ def run_preflight(pack: Pack, root: Path, lock: Lock, today: dt.date, max_age_da
     return items
 
 
-def report(pack: Pack, items: list[Item], log=print) -> int:
+def report_filing_checklist(pack: Pack, items: list[Item], log=print) -> int:
+    """Print the items, each with its problems; 0 when every item holds, else 1 (the exit code of `packs preflight`)."""
     log(f"preflight {pack.id} ({pack.kind} to {pack.target}):")
     for item in items:
         mark = "skip" if item.skipped else ("ok" if item.ok else "FAIL")

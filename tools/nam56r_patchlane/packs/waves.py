@@ -12,9 +12,9 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
-from .lock import Lock
-from .packs import WAVES, Pack, load_packs
-from .preflight import run_preflight
+from ..lock import Lock
+from .filing_checklist import run_filing_checklist
+from .pack import WAVES, Pack, load_packs
 
 MAX_PER_WAVE = 4
 MIN_PER_WAVE = 2
@@ -55,7 +55,7 @@ def plan_waves(root: Path, lock: Lock, today: dt.date, pause_days: int, max_age_
         paused = last + dt.timedelta(days=pause_days) if last and today < last + dt.timedelta(days=pause_days) else None
         candidates = []
         for pack in sorted((p for p in group if not p.is_guard and not p.filing.filed_on), key=_priority):
-            failed = [i for i in run_preflight(pack, root, lock, today, max_age_days, python, with_approval=False) if not i.ok]
+            failed = [i for i in run_filing_checklist(pack, root, lock, today, max_age_days, python, with_approval=False) if not i.ok]
             blocker = "; ".join(i.name for i in failed)
             candidates.append(Candidate(pack, not failed, blocker))
         ready = [c for c in candidates if c.ready]

@@ -1,10 +1,16 @@
-"""Lower a recipe to Megatron's own training flags, and check them with Megatron's own parser.
+"""Megatron's training flags for a recipe (`megatron_flags`), checked with Megatron's own parser.
 
 Every flag the launcher passes is produced here, so `nam56r.training.train --dry-run` can print the exact
-command. The model's architecture flags mirror the `ModelConfig` Megatron never builds from (our
-model provider builds the model from the config file the launcher writes); they are there so that
-Megatron's checks, checkpoint metadata and logs describe the model that runs, and the provider
-cross-checks them (`ARCH_FIELDS`) before it builds anything.
+command. The architecture flags come from the table Megatron's config for the model comes from too
+(`nam56r.model.megatron_fields`). The model provider builds from the model config file the launcher
+writes and from the config Megatron derives from these flags, after checking that the two agree on
+every architecture fact (`architecture_mismatches`); so Megatron's checks, checkpoint metadata and
+logs describe the model that runs. The rest is the recipe's run: parallelism, batch, optimizer, data,
+logging, checkpoints.
+
+`megatron_validate` runs Megatron's parser and `validate_args` in this process. Megatron's validation
+reads WORLD_SIZE and RANK from the environment: they are set in `os.environ` for that call only and
+restored after it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r.model.config import ModelConfig
-from nam56r.model.pattern import layout_of
+from nam56r.model.megatron_fields import architecture_flags
 from nam56r.training.recipe import Recipe
 from nam56r.training.run_dir import RunDir
 
@@ -49,57 +55,18 @@ class RunPaths:
         return RunDir(self.run_dir)
 
 
-def lower(recipe: Recipe, model: ModelConfig, data: DataPaths, run: RunPaths, backend: str) -> list[str]:
-    """Megatron training flags for `recipe` training `model` on `data`, with layer backend `backend` ('te'|'local')."""
+def megatron_flags(recipe: Recipe, model: ModelConfig, data: DataPaths, run: RunPaths, backend: str) -> list[str]:
+    """Megatron training flags for `recipe` training `model` on `data`, with layer backend `backend` ('te'|'local'):
+    the model's architecture (`nam56r.model.megatron_fields`), then the run's."""
     if backend not in ("te", "local"):
         raise ValueError(f"backend must be resolved to 'te' or 'local' before lowering, got {backend!r}")
-    layout = layout_of(model)
-    mla, dsa, moe = model.mla, model.dsa, model.moe
-    seq = model.seq_length
+    return architecture_flags(model) + _run_flags(recipe, data, run, backend) + _optional_run_flags(recipe, data, run, backend)
+
+
+def _run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend: str) -> list[str]:
+    """The flags every run passes: parallelism, batch, optimizer, data, logging, checkpoint format."""
     # fmt: off
-    args: list[str] = [
-        # Model (cross-checked by the provider against the config file)
-        "--hybrid-layer-pattern", layout.megatron_pattern,
-        "--hidden-size", str(model.hidden_size),
-        "--num-attention-heads", str(mla.num_heads),
-        "--ffn-hidden-size", str(model.mtp.dense_ffn),
-        "--seq-length", str(seq),
-        "--max-position-embeddings", str(seq),
-        "--position-embedding-type", "rope",
-        "--rope-type", "rope",  # MLA's default is yarn
-        "--rotary-base", str(int(model.rope_base)),
-        "--normalization", "RMSNorm",
-        # Megatron asks for Apex's persistent LayerNorm kernel by default; NAM56R's norms are TE's or,
-        # on the local backend, torch's (WrappedTorchNorm), which refuse the flag.
-        "--no-persist-layer-norm",
-        "--norm-epsilon", str(model.norm_epsilon),
-        "--disable-bias-linear",
-        "--untie-embeddings-and-output-weights",
-        "--attention-dropout", "0.0",
-        "--hidden-dropout", "0.0",
-        "--init-method-std", str(model.init_std),
-        "--multi-latent-attention",
-        "--q-lora-rank", str(mla.q_lora_rank),
-        "--kv-lora-rank", str(mla.kv_lora_rank),
-        "--qk-head-dim", str(mla.qk_head_dim),
-        "--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim),
-        "--v-head-dim", str(mla.v_head_dim),
-        "--qk-layernorm",
-        "--experimental-attention-variant", "dsa",
-        "--no-rope-fusion",  # DSAttention rejects fused RoPE
-        "--dsa-indexer-n-heads", str(dsa.indexer_heads),
-        "--dsa-indexer-head-dim", str(dsa.indexer_head_dim),
-        "--dsa-indexer-topk", str(dsa.topk),
-        "--dsa-indexer-loss-coeff", str(dsa.indexer_loss_coeff),
-        "--num-experts", str(moe.num_experts),
-        "--moe-router-topk", str(moe.topk),
-        "--moe-ffn-hidden-size", str(moe.expert_ffn),
-        "--moe-router-score-function", moe.score_function,
-        "--moe-router-load-balancing-type", "seq_aux_loss",
-        "--moe-aux-loss-coeff", str(moe.aux_loss_coeff),
-        "--moe-router-dtype", "fp32",
-        "--moe-token-dispatcher-type", "alltoall",
-        "--make-vocab-size-divisible-by", "128",
+    return [
         # Parallelism and batch
         "--tensor-model-parallel-size", str(recipe.tp),
         "--pipeline-model-parallel-size", str(recipe.pp),
@@ -139,23 +106,14 @@ def lower(recipe: Recipe, model: ModelConfig, data: DataPaths, run: RunPaths, ba
         "--save-interval", str(recipe.save_interval),
     ]
     # fmt: on
-    if moe.shared_expert_ffn:
-        args += ["--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn)]
-    if moe.expert_bias:
-        args += ["--moe-router-enable-expert-bias"]
-    if dsa.sparse_indexer_loss:
-        args += ["--dsa-indexer-use-sparse-loss"]
-    if not dsa.rotate_activation:
-        args += ["--no-dsa-indexer-rotate-activation"]  # Megatron's default rotates
+
+
+def _optional_run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend: str) -> list[str]:
+    """The flags that depend on the run: validation, optimizer sharding, backend, precision, checkpoints, our own."""
+    args: list[str] = []
     if data.valid_prefix is not None:
-        args += [
-            "--valid-data-path",
-            str(data.valid_prefix),
-            "--eval-interval",
-            str(recipe.eval_interval),
-            "--eval-iters",
-            str(recipe.eval_iters),
-        ]
+        args += ["--valid-data-path", str(data.valid_prefix)]
+        args += ["--eval-interval", str(recipe.eval_interval), "--eval-iters", str(recipe.eval_iters)]
     else:
         args += ["--eval-iters", "0"]
     if recipe.data_parallel > 1:
@@ -234,16 +192,3 @@ def transformer_config_from_args(args: argparse.Namespace):
 
     with contextlib.redirect_stdout(io.StringIO()):
         return core_transformer_config_from_args(args, MLATransformerConfig)
-
-
-def architecture_mismatches(model: ModelConfig, megatron_cfg) -> list[str]:
-    """Fields where the config Megatron derives from our flags differs from the one NAM56R defines
-    (`nam56r.model.model.megatron_config_fields`, runtime fields excluded). Empty when the lowering is complete."""
-    from nam56r.model.model import RUNTIME_FIELDS, megatron_config_fields
-
-    ours = megatron_config_fields(model)
-    return [
-        f"{name}: flags give {getattr(megatron_cfg, name)!r}, NAM56R defines {value!r}"
-        for name, value in sorted(ours.items())
-        if name not in RUNTIME_FIELDS and getattr(megatron_cfg, name) != value
-    ]

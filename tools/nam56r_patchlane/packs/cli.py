@@ -10,16 +10,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .cli import default_python
-from .errors import PatchlaneError
-from .lock import Lock, load_lock
-from .packfiling import approve, export_bundle, mark_filed
-from .packrun import SIDES, VERDICTS, PackOutcome, run_pack
-from .packs import coverage_problems, get_pack, load_packs, pack_problems
-from .preflight import report, run_preflight
+from ..cli_options import DEFAULT_ROOT, default_python
+from ..errors import PatchlaneError
+from ..lock import Lock, load_lock
+from .filing import approve, export_bundle, mark_filed
+from .filing_checklist import Item, report_filing_checklist, run_filing_checklist
+from .pack import Pack, coverage_problems, get_pack, load_packs, pack_problems
+from .run import SIDES, VERDICTS, PackOutcome, run_pack
 from .waves import plan_waves, render_waves
 
-DEFAULT_ROOT = Path(__file__).resolve().parents[2]
 EPILOG = """\
 A pack (patches/packs/<id>/: pack.toml, body.md, repro.py; see patches/packs/README.md) is one
 upstream contribution, or a regression guard for a bug the pinned release already fixed.
@@ -37,6 +36,11 @@ Typical flow:
 
 def _today(args) -> dt.date:
     return dt.date.fromisoformat(args.today) if args.today else dt.datetime.now(dt.UTC).date()
+
+
+def _checklist(pack: Pack, args, lock: Lock, with_approval: bool = True) -> list[Item]:
+    """The pack's filing checklist, judged as of --today with --max-age-days; formatters run with --python."""
+    return run_filing_checklist(pack, args.root, lock, _today(args), args.max_age_days, default_python(args), with_approval)
 
 
 def cmd_list(args, lock: Lock) -> int:
@@ -121,7 +125,7 @@ def cmd_preflight(args, lock: Lock) -> int:
     ids = [p.id for p in load_packs(args.root)] if args.all else args.ids
     for pack_id in ids:
         pack = get_pack(args.root, pack_id)
-        code = max(code, report(pack, run_preflight(pack, args.root, lock, _today(args), args.max_age_days, default_python(args))))
+        code = max(code, report_filing_checklist(pack, _checklist(pack, args, lock)))
     return code
 
 
@@ -134,10 +138,9 @@ def cmd_waves(args, lock: Lock) -> int:
 
 def cmd_approve(args, lock: Lock) -> int:
     pack = get_pack(args.root, args.id)
-    failed = [i for i in run_preflight(pack, args.root, lock, _today(args), args.max_age_days, default_python(args), with_approval=False)
-              if not i.ok]
+    failed = [i for i in _checklist(pack, args, lock, with_approval=False) if not i.ok]
     if failed:
-        report(pack, failed)
+        report_filing_checklist(pack, failed)
         raise PatchlaneError(f"{pack.id} is not ready: approve it once its preflight passes (above)")
     pack = approve(pack, args.by, _today(args))
     print(f"{pack.id}: approved by {pack.filing.approved_by} on {pack.filing.approved_on} (recorded in {pack.folder / 'pack.toml'});"
@@ -153,10 +156,10 @@ def cmd_filed(args, lock: Lock) -> int:
 
 def cmd_export(args, lock: Lock) -> int:
     pack = get_pack(args.root, args.id)
-    items = run_preflight(pack, args.root, lock, _today(args), args.max_age_days, default_python(args), with_approval=not args.draft)
+    items = _checklist(pack, args, lock, with_approval=not args.draft)
     blocking = [i for i in items if not i.ok and (not args.draft or i.name.startswith(("no private", "pack.toml")))]
     if blocking:
-        report(pack, items)
+        report_filing_checklist(pack, items)
         raise PatchlaneError(f"{pack.id}: not exported: preflight failed"
                              + ("" if args.draft else " (--draft exports an unapproved or stale pack, never one that leaks)"))
     written = export_bundle(pack, args.root, args.out)

@@ -21,12 +21,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import PatchlaneError
-from .gittree import UpstreamTree, is_git_tree
-from .lock import Lock
-from .manifest import Record, append_record, now_utc, parse_host_line
-from .packs import SENTINELS, Pack, pack_checksum
-from .series import read_series
+from ..errors import PatchlaneError
+from ..gittree import UpstreamTree, is_git_tree
+from ..lock import Lock
+from ..manifest import Record, append_record, now_utc, parse_host_line
+from ..series import read_series
+from .pack import SENTINELS, Pack, pack_checksum
 
 EXIT_NEEDS_GPU = 3
 SIDES = ("base", "patched")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .manifest import read_records
-from .packs import Pack, pack_checksum
+from ..manifest import read_records
+from .pack import Pack, pack_checksum
 
 
 def passing_records(pack: Pack, root: Path, checksum: str) -> dict[str, dict]:

@@ -13,9 +13,9 @@ import re
 import shutil
 from pathlib import Path
 
-from .errors import PatchlaneError
-from .packrecords import manifest_excerpt
-from .packs import Filing, Pack, load_pack
+from ..errors import PatchlaneError
+from .pack import Filing, Pack, load_pack
+from .records import manifest_excerpt
 
 _FILING_SECTION = re.compile(r"^\[filing\][^\[]*", re.M)
 

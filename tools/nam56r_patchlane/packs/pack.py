@@ -1,4 +1,5 @@
-"""Upstream filing packs: patches/packs/<id>/{pack.toml, body.md, repro.py} (schema: patches/packs/README.md)."""
+"""One filing pack, patches/packs/<id>/{pack.toml, body.md, repro.py} (schema: patches/packs/README.md): loaded,
+validated against the lock and the series, and checksummed for its validation records."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import PatchlaneError
-from .lock import Lock
-from .manifest import patch_checksum
-from .patchfile import read_patch
-from .series import read_series
+from ..errors import PatchlaneError
+from ..lock import Lock
+from ..manifest import patch_checksum
+from ..patchfile import read_patch
+from ..series import read_series
 
 PACKS_RELATIVE_PATH = Path("patches/packs")
 KINDS = ("issue", "pr", "comment", "regression-guard", "bug-report")

@@ -1,0 +1,292 @@
+"""The `kernels` suite (GPU): each fused kernel and memory patch against the path it replaces, same run,
+same inputs, at the model's sizes (`kernel_shapes`: read from the nam56r preset; the micro-batches and token
+counts are the bench's own, named there). Variants named ``upstream…`` or ``reference…`` are baselines;
+ratios are taken against the fastest baseline of a case. Errors are max |candidate - baseline| / max |baseline|.
+
+Cases (each size by the ModelConfig field it is read from):
+- ``dsa-scores mb{1,8}``: causal indexer scores [b, seq, seq] (dsa.indexer_heads x dsa.indexer_head_dim,
+  relu): core_v0.19.0's einsum (read from the pinned release), our Megatron patch 0002 (per head), TileLang's
+  fused indexer logits (per sequence, as Megatron runs it; only the last sequence's logits are kept), the
+  fused kernel.
+- ``dsa-topk mb8``: top-(dsa.topk) causal selection: patch 0002's scores + ``torch.topk``, TileLang's
+  indexer + ``torch.topk`` (``lighting_indexer_indices``), the fused streaming top-k.
+- ``lm-head ce`` / ``mtp ce``: output layer + cross-entropy forward+backward at vocab_size: logits then
+  fp32 cross-entropy (core_v0.19.0) vs Megatron patch 0007/0008's chunked fused linear CE (one MTP depth).
+- ``moe experts``: 32k tokens, top-(moe.topk) of moe.num_experts experts of FFN moe.expert_ffn,
+  forward+backward: the per-expert loop (SequentialMLP's computation) vs two grouped GEMMs.
+- ``ngram embed``: micro-batch 8, ngram.orders x ngram.heads hashes into ngram.table_size x ngram.embed_dim
+  tables, projected to hidden_size, forward+backward: reference embedding + linear vs the fused
+  hash/gather/projection.
+- ``mamba3 adt``: the data-dependent-A region (mamba.num_heads(hidden_size) heads) at micro-batch 8, eager vs
+  regional ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nam56r_bench.harness import ROOT, Context, Row, cuda_peak_extra_bytes, cuda_time_ms, require_gpu
+from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, kernel_shapes, kernel_sweep
+
+
+def _measure(case: str, variant: str, fn: Callable[[], object], ctx: Context, reference=None, **extra) -> tuple[Row, object]:
+    import torch
+
+    print(f"[kernels] {case} · {variant}", flush=True)
+    try:
+        peak, result = cuda_peak_extra_bytes(fn)
+        error = None if reference is None else _relative_error(result, reference)
+        ms = cuda_time_ms(fn, warmup=1 if ctx.quick else 3, iters=3 if ctx.quick else 10)
+    except torch.cuda.OutOfMemoryError as exc:
+        torch.cuda.empty_cache()
+        return Row(case, variant, extra={"error": f"out of memory: {str(exc).splitlines()[0]}", **extra}), None
+    return Row(case, variant, time_ms=ms, peak_extra_bytes=peak, max_error=error, extra=extra), result
+
+
+def _relative_error(got, want) -> float:
+    import torch
+
+    pairs = zip(got, want, strict=True) if isinstance(got, (tuple, list)) else [(got, want)]
+    worst = 0.0
+    for a, b in pairs:
+        a, b = a.float(), b.float()
+        finite = torch.isfinite(b)
+        if not torch.equal(finite, torch.isfinite(a)):
+            return float("inf")
+        scale = b[finite].abs().max().clamp_min(1e-30)
+        worst = max(worst, ((a[finite] - b[finite]).abs().max() / scale).item())
+    return worst
+
+
+def _indexer_inputs(batch: int, shapes: KernelShapes):
+    import torch
+
+    seq, heads, dim = shapes.seq_length, shapes.indexer_heads, shapes.indexer_head_dim
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(seq, batch, heads, dim, device="cuda", generator=g).bfloat16()
+    k = torch.randn(seq, batch, dim, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(seq, batch, heads, device="cuda", generator=g) * heads**-0.5).bfloat16()
+    return q, k, w
+
+
+def _tilelang_indexer():
+    """Megatron's TileLang indexer entry points, or the reason they are unavailable."""
+    try:
+        from megatron.core.transformer.experimental_attention_variant.ops import indexer, tilelang_indexer_fwd
+    except ImportError as exc:
+        return None, None, f"import failed: {exc}"
+    if indexer.lighting_indexer_indices is None:
+        return None, None, "TileLang indexer kernels are unavailable (tilelang not importable)"
+    return tilelang_indexer_fwd.indexer_fwd_interface, indexer.lighting_indexer_indices, None
+
+
+@dataclass(frozen=True)
+class _DsaBaselines:
+    """What every DSA case compares against, built once: the pinned release's scores, TileLang's indexer
+    (or why it is missing), and the causal mask and per-row key ranges at the preset's sequence length."""
+
+    shapes: KernelShapes
+    upstream_scores: Callable
+    tilelang_logits: Callable | None
+    tilelang_topk: Callable | None
+    tilelang_missing: str | None
+    mask: object  # [seq, seq] fp32, -inf above the diagonal
+    starts: object  # [seq] int32: each query row's first key (0)
+    ends: object  # [seq] int32: one past its last key (row + 1)
+
+
+def _dsa_baselines(shapes: KernelShapes) -> _DsaBaselines:
+    import torch
+    from megatron.core.transformer.experimental_attention_variant import dsa
+    from nam56r_patchlane.pinned import PinnedRelease
+
+    upstream_scores = PinnedRelease(ROOT / "third_party" / "megatron-lm").definition(
+        dsa, "megatron/core/transformer/experimental_attention_variant/dsa.py", "_compute_index_scores"
+    )
+    seq = shapes.seq_length
+    mask = torch.zeros(seq, seq, device="cuda").masked_fill_(torch.ones(seq, seq, dtype=torch.bool, device="cuda").triu_(1), float("-inf"))
+    starts = torch.zeros(seq, dtype=torch.int32, device="cuda")
+    ends = torch.arange(1, seq + 1, dtype=torch.int32, device="cuda")
+    return _DsaBaselines(shapes, upstream_scores, *_tilelang_indexer(), mask, starts, ends)
+
+
+def dsa_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
+    import torch
+
+    base = _dsa_baselines(shapes)
+    rows = []
+    for batch in sweep.dsa_score_batches:
+        rows += _dsa_scores_case(batch, base, ctx)
+        torch.cuda.empty_cache()
+    return rows + _dsa_topk_case(sweep.dsa_topk_batch, base, ctx)
+
+
+def _dsa_scores_case(batch: int, base: _DsaBaselines, ctx: Context) -> list[Row]:
+    from megatron.core.transformer.experimental_attention_variant import dsa
+    from nam56r_kernels.dsa_indexer import index_scores_fused
+
+    case = f"dsa-scores mb{batch}"
+    q, k, w = _indexer_inputs(batch, base.shapes)
+    upstream, ref = _measure(case, "upstream (core_v0.19.0 einsum)", lambda: base.upstream_scores(q, w, k) + base.mask, ctx)
+    patched, ref_patched = _measure(case, "upstream + patch 0002 (per head)", lambda: dsa._compute_index_scores(q, w, k) + base.mask, ctx)
+    rows = [upstream, patched]
+    if base.tilelang_logits is not None:
+
+        def tilelang_scores():
+            for bi in range(batch):
+                logits = base.tilelang_logits(q[:, bi].contiguous(), k[:, bi].contiguous(), w[:, bi].float().contiguous(), base.starts,
+                                              base.ends, clean_logits=True, use_relu=True)
+            return logits
+
+        rows.append(_measure(case, "upstream TileLang indexer (per sequence)", tilelang_scores, ctx)[0])
+    else:
+        rows.append(Row(case, "upstream TileLang indexer (per sequence)", extra={"error": base.tilelang_missing}))
+    reference = ref if ref is not None else ref_patched
+    rows.append(_measure(case, "fused", lambda: index_scores_fused(q, k, w, causal=True), ctx, reference=reference)[0])
+    return rows
+
+
+def _dsa_topk_case(batch: int, base: _DsaBaselines, ctx: Context) -> list[Row]:
+    import torch
+    from megatron.core.transformer.experimental_attention_variant import dsa
+    from nam56r_kernels.dsa_indexer import index_topk_fused
+
+    seq, topk = base.shapes.seq_length, base.shapes.dsa_topk
+    case = f"dsa-topk mb{batch}"
+    q, k, w = _indexer_inputs(batch, base.shapes)
+    naive, (ref_scores, _) = _measure(
+        case, "upstream + patch 0002 scores, torch.topk", lambda: (dsa._compute_index_scores(q, w, k) + base.mask).topk(topk, dim=-1), ctx
+    )
+    rows = [naive]
+    if base.tilelang_topk is not None:
+
+        def tilelang_selection() -> torch.Tensor:
+            out = torch.empty(batch, seq, topk, dtype=torch.int32, device="cuda")
+            for bi in range(batch):
+                out[bi] = base.tilelang_topk(q[:, bi].contiguous(), k[:, bi].contiguous(), w[:, bi].float().contiguous(), base.starts,
+                                             base.ends, topk)
+            return out
+
+        rows.append(_measure(case, "upstream TileLang indexer + torch.topk", tilelang_selection, ctx)[0])
+    else:
+        rows.append(Row(case, "upstream TileLang indexer + torch.topk", extra={"error": base.tilelang_missing}))
+    fused_row, fused = _measure(case, "fused", lambda: index_topk_fused(q, k, w, topk), ctx)
+    if fused is not None:
+        same_rows = (fused[0].sort(-1).values == ref_scores.sort(-1).values).all(-1).float().mean().item()
+        fused_row = Row(fused_row.case, fused_row.variant, fused_row.time_ms, fused_row.peak_extra_bytes,
+                        _relative_error(fused[0], ref_scores), {"rows_with_identical_scores": same_rows})
+    rows.append(fused_row)
+    return rows
+
+
+def cross_entropy_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
+    import torch
+    from megatron.core.fusions.fused_linear_cross_entropy import fused_linear_cross_entropy
+
+    batch, seq, hidden, vocab = sweep.ce_batch, shapes.seq_length, shapes.hidden_size, shapes.vocab_size
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = (torch.randn(seq, batch, hidden, device="cuda", generator=g) * 0.5).bfloat16().requires_grad_()
+    weight = (torch.randn(vocab, hidden, device="cuda", generator=g) * 0.02).bfloat16().requires_grad_()
+    labels = torch.randint(0, vocab, (batch, seq), device="cuda", generator=g)
+
+    def unfused() -> tuple[torch.Tensor, ...]:
+        logits = torch.nn.functional.linear(h, weight)  # [s, b, V], as the output layer returns them
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, vocab), labels.t().reshape(-1), reduction="none")
+        return (loss.view(seq, batch).t().float(), *torch.autograd.grad(loss.sum(), (h, weight)))
+
+    def fused() -> tuple[torch.Tensor, ...]:
+        loss, _ = fused_linear_cross_entropy(h, weight, labels)
+        return (loss, *torch.autograd.grad(loss.sum(), (h, weight)))
+
+    # The same computation at the LM head and at each of the mtp_depths MTP heads: one of each is measured.
+    cases = ("lm-head ce", "mtp ce (one depth)") if shapes.mtp_depths else ("lm-head ce",)
+    rows = []
+    for case in cases:
+        base, ref = _measure(case, f"upstream (logits + fp32 CE), mb{batch}", unfused, ctx)
+        rows.append(base)
+        rows.append(_measure(case, f"patch 0007/0008 fused linear CE, mb{batch}", fused, ctx, reference=ref)[0])
+        del ref
+        if ctx.quick:
+            break
+    return rows
+
+
+def moe_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
+    import torch
+    import torch.nn.functional as F
+    from nam56r_kernels.grouped_mlp import grouped_mlp, grouped_mlp_reference
+
+    experts, hidden, ffn, topk = shapes.num_experts, shapes.hidden_size, shapes.expert_ffn, shapes.expert_topk
+    tokens = sweep.moe_tokens * topk  # one row per (token, chosen expert)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    counts = torch.bincount(torch.randint(0, experts, (tokens,), device="cuda", generator=g), minlength=experts).cpu()
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16().requires_grad_()
+    fc1 = (torch.randn(experts, ffn, hidden, device="cuda", generator=g) * 0.02).bfloat16().requires_grad_()
+    fc2 = (torch.randn(experts, hidden, ffn, device="cuda", generator=g) * 0.02).bfloat16().requires_grad_()
+    probs = torch.rand(tokens, device="cuda", generator=g)
+
+    def step(fn):
+        def run():
+            out = fn(x, fc1, fc2, counts, F.gelu, per_token_scale=probs)
+            return (out, *torch.autograd.grad(out.float().square().sum(), (x, fc1, fc2)))
+
+        return run
+
+    case = f"moe experts ({sweep.moe_tokens} tokens)"
+    base, ref = _measure(case, "reference (per-expert loop)", step(grouped_mlp_reference), ctx)
+    return [base, _measure(case, "grouped_mm", step(grouped_mlp), ctx, reference=ref)[0]]
+
+
+def ngram_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
+    import torch
+    from nam56r_kernels.ngram_hash import make_hash_params, ngram_hash_project_fused, ngram_hash_project_reference
+
+    batch, seq, hidden = sweep.ngram_batch, shapes.seq_length, shapes.hidden_size
+    orders, heads, table_rows, dim = shapes.ngram_orders, shapes.ngram_heads, shapes.ngram_table_size, shapes.ngram_embed_dim
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tokens = torch.randint(0, shapes.vocab_size, (batch, seq), device="cuda", generator=g)
+    tables = torch.randn(len(orders), table_rows, dim, device="cuda", generator=g).bfloat16().requires_grad_()
+    weight = (torch.randn(hidden, len(orders) * heads * dim, device="cuda", generator=g) * 0.02).bfloat16().requires_grad_()
+    mult, offset = (p.cuda() for p in make_hash_params(orders, heads))
+    grad = torch.randn(batch, seq, hidden, device="cuda", generator=g).bfloat16()
+
+    def step(fn):
+        def run():
+            out = fn(tokens, tables, orders, mult, offset, weight)
+            return (out, *torch.autograd.grad(out, (tables, weight), grad))
+
+        return run
+
+    case = f"ngram embed mb{batch}"
+    base, ref = _measure(case, "reference (embedding + linear)", step(ngram_hash_project_reference), ctx)
+    return [base, _measure(case, "fused", step(ngram_hash_project_fused), ctx, reference=ref)[0]]
+
+
+def mamba_region_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
+    import torch
+    from nam56r_kernels.mamba3_regions import adt_dt_compiled, adt_dt_reference
+
+    batch, heads, a_floor = sweep.mamba_batch, shapes.mamba_heads, shapes.mamba_a_floor
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dd_a, dd_dt = (torch.randn(batch, shapes.seq_length, heads, device="cuda", generator=g).bfloat16() for _ in range(2))
+    dt_bias = torch.randn(heads, device="cuda", generator=g)
+    compiled = adt_dt_compiled()
+    start = time.perf_counter()
+    compiled(dd_a, dd_dt, dt_bias, a_floor)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - start
+    case = f"mamba3 adt region mb{batch}"
+    base, ref = _measure(case, "reference (eager)", lambda: adt_dt_reference(dd_a, dd_dt, dt_bias, a_floor), ctx)
+    return [base, _measure(case, "torch.compile", lambda: compiled(dd_a, dd_dt, dt_bias, a_floor), ctx, reference=ref,
+                           compile_s=round(compile_s, 2))[0]]
+
+
+def run(ctx: Context) -> list[Row]:
+    require_gpu("kernels")
+    shapes, sweep = kernel_shapes(), kernel_sweep(ctx.quick)
+    rows: list[Row] = []
+    for cases in (dsa_cases, cross_entropy_cases, moe_case, ngram_case, mamba_region_case):
+        rows += cases(ctx, shapes, sweep)
+    return rows

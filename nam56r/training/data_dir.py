@@ -1,0 +1,52 @@
+"""The layout of one data directory (`python -m nam56r.training.data build --out DIR`, default
+data/cpp-headers-v<VOCAB>/): every path inside it comes from `DataDir`, for the build that writes it and
+the readers (the launcher, `data check`, the data checks, the resume check) alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nam56r import CHECKOUT_ROOT
+
+DEFAULT_DATA_DIR = Path("data")  # relative to the repository root; git-ignored
+
+
+def default_data_dir(vocab_size: int, root: Path = CHECKOUT_ROOT) -> Path:
+    """The default corpus for a vocabulary size: `<root>/data/cpp-headers-v<N>`. Where
+    `python -m nam56r.training.data build` writes and where `nam56r.training.train` reads when no --data is given."""
+    return root / DEFAULT_DATA_DIR / f"cpp-headers-v{vocab_size}"
+
+
+@dataclass(frozen=True)
+class DataDir:
+    path: Path
+
+    SPLITS = ("train", "valid")
+
+    @property
+    def manifest(self) -> Path:
+        """What the build recorded (JSON: counts, skipped files, checksums, the command). Written last: a
+        directory without it is an unfinished build."""
+        return self.path / "data.json"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """The HuggingFace tokenizer (AutoTokenizer and Megatron's HuggingFaceTokenizer load it; EOD is <|endoftext|>)."""
+        return self.path / "tokenizer"
+
+    @property
+    def train_prefix(self) -> Path:
+        """The train split's Megatron indexed dataset (add .bin / .idx): every document followed by EOD."""
+        return self.path / "train_text_document"
+
+    @property
+    def valid_prefix(self) -> Path:
+        """The valid split's Megatron indexed dataset (add .bin / .idx)."""
+        return self.path / "valid_text_document"
+
+    def prefix(self, split: str) -> Path:
+        """The prefix of `split`, one of SPLITS."""
+        if split not in self.SPLITS:
+            raise ValueError(f"unknown split {split!r}: a data directory holds {' and '.join(self.SPLITS)}")
+        return self.train_prefix if split == "train" else self.valid_prefix

@@ -1,0 +1,75 @@
+"""nam56r_bench.kernel_shapes: the kernels suite's model sizes are the preset's fields, and at the nam56r
+preset they are the sizes its cases have always been measured at (the rows stay comparable across runs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+from nam56r_bench.kernel_shapes import FULL_SWEEP, MAMBA3_A_FLOOR, QUICK_SWEEP, KernelShapes, kernel_shapes, kernel_sweep
+
+from nam56r.model.presets import PRESETS, get_preset
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_kernel_shapes_are_the_presets_fields(preset: str) -> None:
+    config, shapes = get_preset(preset), kernel_shapes(preset)
+    assert shapes == KernelShapes(
+        preset=preset,
+        seq_length=config.seq_length,
+        hidden_size=config.hidden_size,
+        vocab_size=config.vocab_size,
+        mtp_depths=config.mtp.depths,
+        indexer_heads=config.dsa.indexer_heads,
+        indexer_head_dim=config.dsa.indexer_head_dim,
+        dsa_topk=config.dsa.topk,
+        num_experts=config.moe.num_experts,
+        expert_topk=config.moe.topk,
+        expert_ffn=config.moe.expert_ffn,
+        ngram_orders=config.ngram.orders,
+        ngram_heads=config.ngram.heads,
+        ngram_table_size=config.ngram.table_size,
+        ngram_embed_dim=config.ngram.embed_dim,
+        mamba_heads=config.mamba.expand * config.hidden_size // config.mamba.head_dim,
+        mamba_a_floor=MAMBA3_A_FLOOR,
+    )
+
+
+def test_the_suite_measures_nam56r_at_the_sizes_it_always_has() -> None:
+    shapes = kernel_shapes()
+    assert shapes.preset == "nam56r"
+    assert (shapes.seq_length, shapes.hidden_size, shapes.vocab_size, shapes.mtp_depths) == (4096, 4096, 131072, 2)
+    assert (shapes.indexer_heads, shapes.indexer_head_dim, shapes.dsa_topk) == (32, 64, 256)
+    assert (shapes.num_experts, shapes.expert_topk, shapes.expert_ffn) == (16, 4, 896)
+    assert (shapes.ngram_orders, shapes.ngram_heads, shapes.ngram_table_size, shapes.ngram_embed_dim) == ((2, 3), 8, 500_000, 16)
+    assert (shapes.mamba_heads, shapes.mamba_a_floor) == (128, 1e-4)
+
+
+def test_mamba3s_a_floor_is_mamba_ssms_default() -> None:
+    """NAM56R's mixer leaves Mamba3's A_floor at its default, which the bench names as MAMBA3_A_FLOOR."""
+    import inspect
+
+    mamba3 = pytest.importorskip("mamba_ssm.modules.mamba3")
+    assert inspect.signature(mamba3.Mamba3.__init__).parameters["A_floor"].default == MAMBA3_A_FLOOR
+
+
+def test_an_unknown_preset_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(KeyError, match="unknown preset 'nam56r-huge'; known: nam56r"):
+        kernel_shapes("nam56r-huge")
+
+
+def test_the_sweep_is_the_micro_batches_and_tokens_the_case_names_carry() -> None:
+    assert kernel_sweep(quick=False) == FULL_SWEEP and kernel_sweep(quick=True) == QUICK_SWEEP
+    assert (FULL_SWEEP.dsa_score_batches, FULL_SWEEP.dsa_topk_batch, FULL_SWEEP.moe_tokens) == ((1, 8), 8, 32768)
+    assert (FULL_SWEEP.ce_batch, FULL_SWEEP.ngram_batch, FULL_SWEEP.mamba_batch) == (8, 8, 8)
+    assert all(getattr(QUICK_SWEEP, f.name) <= getattr(FULL_SWEEP, f.name) for f in fields(QUICK_SWEEP) if f.name != "dsa_score_batches")
+
+
+def test_the_kernel_suite_imports_without_torch_or_megatron() -> None:
+    """`--list` and the CPU suites import every suite module: the kernel suite must not pull in torch or Megatron."""
+    code = ("import sys, nam56r_bench.kernel_suite, nam56r_bench.kernel_shapes; "
+            "print(sorted(m for m in ('torch', 'megatron', 'nam56r_kernels') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"

@@ -1,0 +1,43 @@
+"""The superproject checkout's state: the commit that validation records and bench stamps name.
+
+A pure reader (git only). `patches/manifest.toml` does not count towards `dirty`: a check appends its
+records (packs, GPU tests, train runs) to it while it runs, and a later record would otherwise call the
+same code dirty.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .manifest import MANIFEST_RELATIVE_PATH
+
+
+@dataclass(frozen=True)
+class CheckoutState:
+    commit: str | None  # HEAD; None when `root` is not the top of a git checkout (a tarball or rsync copy)
+    dirty: bool | None  # tracked files other than the manifest differ from HEAD; None without a commit
+    reason: str = ""  # why there is no commit
+
+
+def checkout_state(root: Path) -> CheckoutState:
+    """HEAD of the git checkout whose top is `root`, and whether its tracked files differ from it. A copy
+    unpacked inside another repository is no checkout: that repository's HEAD is not the copy's commit."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top.returncode != 0:
+        return CheckoutState(None, None, f"{root} is not a git checkout ({top.stderr.strip()})")
+    if Path(top.stdout.strip()).resolve() != root.resolve():
+        return CheckoutState(None, None, f"{root} is not the top of a git checkout (it lies inside {top.stdout.strip()})")
+    head = _git(root, "rev-parse", "HEAD")
+    if head.returncode != 0:
+        return CheckoutState(None, None, f"{root} has no commit ({head.stderr.strip()})")
+    changed = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){MANIFEST_RELATIVE_PATH.as_posix()}")
+    return CheckoutState(head.stdout.strip(), bool(changed.stdout.strip()))
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(args, 1, "", str(exc))
