@@ -1,8 +1,8 @@
 """NAM56R's Megatron layer specs: one HybridStack spec per backend, chosen explicitly.
 
 `te`: TransformerEngine modules (norms, linears, core attention, grouped-GEMM experts), the
-production option on users' nodes. `local`: Megatron's own modules, for machines without TE (our
-GPU test machine, CPU tests); its MoE experts are `nam56r.model.moe_experts.GroupedMLPExperts`, two
+production option on users' nodes. `local`: Megatron's own modules, for machines without TE (GPU
+nodes without it, CPU tests); its MoE experts are `nam56r.model.moe_experts.GroupedMLPExperts`, two
 `torch.nn.functional.grouped_mm` calls with `SequentialMLP`'s parameters and checkpoint layout, in
 place of Megatron's `SequentialMLP` (a Python loop of per-expert GEMMs). `resolve_backend("auto")` picks
 `te` when `transformer_engine` imports and `local` otherwise, and says which once; there is no
