@@ -69,13 +69,20 @@ def stamp() -> dict[str, Any]:
     return info
 
 
-def checkout_commit(root: Path) -> tuple[str, bool | None]:
-    """(HEAD of the git checkout whose top is `root`, whether its tracked files differ from it), or
-    ("unknown", None) outside one (`nam56r_patchlane.checkout_state`): a bench result still stands without it."""
-    from nam56r_patchlane.checkout_state import checkout_state
+def checkout_commit(root: Path, env_dir: Path = Path(sys.prefix)) -> tuple[str, bool | None]:
+    """(HEAD of the git checkout whose top is `root`, whether its tracked files differ from it). Outside a
+    checkout (a copy of a built tree without `.git`), the state the build of `env_dir` (this interpreter's
+    environment) recorded, marked "(build record)"; without either, ("unknown", None): a bench result still
+    stands without it (`nam56r_patchlane.checkout_state`)."""
+    from nam56r_patchlane.checkout_state import built_checkout, checkout_state
 
     state = checkout_state(root)
-    return (state.commit, state.dirty) if state.commit is not None else ("unknown", None)
+    if state.commit is not None:
+        return state.commit, state.dirty
+    built = built_checkout(env_dir)
+    if built is not None and built.commit is not None:
+        return f"{built.commit} (build record)", built.dirty
+    return "unknown", None
 
 
 def _upstream_pins() -> dict[str, str]:

@@ -62,9 +62,19 @@ def test_a_checkouts_commit_and_dirty_flag(tmp_path: Path) -> None:
 
 
 def test_outside_a_checkout_the_commit_is_unknown_not_an_enclosing_repositorys(tmp_path: Path) -> None:
-    copy = tmp_path / "copy"  # a tarball of the checkout unpacked somewhere
+    copy, unbuilt = tmp_path / "copy", tmp_path / "env"  # a tarball of the checkout unpacked somewhere, no build record
     copy.mkdir()
-    assert checkout_commit(copy) == ("unknown", None)
+    assert checkout_commit(copy, unbuilt) == ("unknown", None)
     _git(tmp_path, "init", "--quiet")
     _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "--allow-empty", "-m", "outer")
-    assert checkout_commit(copy) == ("unknown", None)  # inside another repository: that one's HEAD is not ours
+    assert checkout_commit(copy, unbuilt) == ("unknown", None)  # inside another repository: that one's HEAD is not ours
+
+
+def test_outside_a_checkout_the_commit_comes_from_the_build_record(tmp_path: Path) -> None:
+    from nam56r_patchlane.checkout_state import CheckoutState, state_record
+    from nam56r_patchlane.environment import write_build_record
+
+    copy, env = tmp_path / "copy", tmp_path / "env"
+    copy.mkdir(), env.mkdir()
+    write_build_record(env, {"offline": False, "checkout": state_record(CheckoutState("ab" * 20, False))})
+    assert checkout_commit(copy, env) == ("ab" * 20 + " (build record)", False)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from nam56r_patchlane.cachemanifest import MANIFEST_NAME
+from nam56r_patchlane.checkout_state import built_checkout, checkout_state
 from nam56r_patchlane.noxsupport import install_source, recorded_build_options, session_build_options
 from nam56r_patchlane.wheeltarget import expand_platform
 from offline_testlib import (
@@ -149,6 +150,7 @@ def test_offline_build_into_a_new_env_installs_from_the_cache_only(
     assert imported.stdout.split() == ["9.0", "2.0"]
     # What noxfile.py replays for the other sessions: this cache, offline, this profile.
     assert recorded_build_options(env) == ["--cache", str(cache.resolve()), "--offline", "--profile", "cpu"]
+    assert built_checkout(env) == checkout_state(root)  # the root is no git checkout here: no commit, and why
     assert install_source(recorded_build_options(env)).pip_args() == ["--no-index", "--find-links", str(cache.resolve() / "wheels")]
     assert session_build_options(env, [])[0] == recorded_build_options(env)
     with pytest.raises(ValueError, match="--base-python"):

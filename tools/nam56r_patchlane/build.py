@@ -14,6 +14,7 @@ from . import environment as envmod
 from .apply import sync_series
 from .artifacts import fetch_artifact
 from .cachemanifest import MANIFEST_NAME, WHEELS_DIR, verify_cache
+from .checkout_state import checkout_state, state_record
 from .console import StepProgress, format_table
 from .errors import PatchlaneError
 from .lock import Lock, Upstream
@@ -85,7 +86,8 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
         raise PatchlaneError("imports failed in the target environment:\n" + "\n".join(f"  {f}" for f in failures))
     if options.env_dir is not None and options.install:
         envmod.write_build_record(options.env_dir, {"cache": str(options.cache_dir.resolve()), "offline": options.offline,
-                                                    "profile": env.profile, "base_python": envmod.layered_base(options.env_dir)})
+                                                    "profile": env.profile, "base_python": envmod.layered_base(options.env_dir),
+                                                    "checkout": state_record(checkout_state(options.root))})
     if not changed:
         print(f"no-op: every upstream is materialized, patched and installed as the lock and series say ({progress.elapsed().strip()})")
     else:

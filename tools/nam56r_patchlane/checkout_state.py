@@ -2,15 +2,18 @@
 
 A pure reader (git only). `patches/manifest.toml` does not count towards `dirty`: a check appends its
 records (packs, GPU tests, train runs) to it while it runs, and a later record would otherwise call the
-same code dirty.
+same code dirty. The build records the state it built from in the environment's build record
+(`built_checkout`), so a copy of a built tree without `.git` still names its commit.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .environment import BUILD_RECORD
 from .manifest import MANIFEST_RELATIVE_PATH
 
 
@@ -34,6 +37,20 @@ def checkout_state(root: Path) -> CheckoutState:
         return CheckoutState(None, None, f"{root} has no commit ({head.stderr.strip()})")
     changed = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){MANIFEST_RELATIVE_PATH.as_posix()}")
     return CheckoutState(head.stdout.strip(), bool(changed.stdout.strip()))
+
+
+def state_record(state: CheckoutState) -> dict:
+    """The checkout part of a build record."""
+    return asdict(state)
+
+
+def built_checkout(env_dir: Path) -> CheckoutState | None:
+    """The checkout state the last build of `env_dir` recorded, or None when no build recorded one."""
+    path = env_dir / BUILD_RECORD
+    if not path.is_file():
+        return None
+    recorded = json.loads(path.read_text()).get("checkout")
+    return CheckoutState(**recorded) if recorded else None
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:

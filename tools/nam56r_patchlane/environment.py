@@ -159,7 +159,8 @@ BUILD_RECORD = "nam56r-build.json"
 
 
 def write_build_record(env_dir: Path, record: dict) -> None:
-    """How `env_dir` was last built (cache, offline, profile): noxfile.py replays it for the other sessions."""
+    """How `env_dir` was last built (cache, offline, profile: noxfile.py replays them for the other sessions)
+    and from which checkout state (`checkout_state.built_checkout`)."""
     (env_dir / BUILD_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
