@@ -14,7 +14,8 @@ SUITES = {
               kernel_suite.run),
         Suite("train-step", "proxy and full NAM56R on one GPU: tokens/s, TFLOP/s, MFU vs a measured GEMM peak, peak memory, top kernels",
               True, training_suites.train_step),
-        Suite("microbatch", "largest micro-batch that trains at sequence 4096, proxy and full", True, training_suites.microbatch),
+        Suite("microbatch", "largest micro-batch that trains at sequence 4096, proxy and full, fused vs upstream LM-head/MTP CE",
+              True, training_suites.microbatch),
         Suite("compile-tax", "time to first step with empty and with warm Triton/TileLang caches", True, training_suites.compile_tax),
     )
 }

@@ -3,9 +3,9 @@
 - ``train-step``: the proxy recipe and the full NAM56R on one GPU: tokens/s/GPU, TFLOP/s/GPU (nam56r.model.flops'
   formula, the run's steady-state window), MFU against a bf16 GEMM peak measured in the same run, peak
   memory, and the top kernels by CUDA time from a PyTorch-profiler trace of the proxy's steps 20-22.
-- ``microbatch``: the largest micro-batch that trains 3 steps at sequence 4096, proxy and full. Only the
-  patched stack is measured: the unpatched comparison needs a second environment built without the
-  memory patches, which the build does not make (the kernels suite compares those patches op by op).
+- ``microbatch``: the largest micro-batch that trains 3 steps at sequence 4096, proxy and full, on each memory
+  path of the LM head and MTP heads in the same build: Megatron patches 0007/0008's fused linear CE (the
+  recipes' default) and upstream's logits + cross-entropy (`--fused-linear-ce off`).
 - ``compile-tax``: wall time to the first logged step with empty Triton, TileLang and Inductor caches, then
   again with the caches that run filled. Across runs the stack relies on those compilers' on-disk caches
   (by default ~/.triton/cache and ~/.tilelang/cache; TRITON_CACHE_DIR / TILELANG_CACHE_DIR move them,
@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from nam56r.training.run_dir import RunDir
@@ -49,21 +50,24 @@ def gemm_peak_tflops() -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def train_command(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, extra: tuple[str, ...] = ()) -> list[str]:
+def train_command(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: tuple[str, ...] = (),
+                  extra: tuple[str, ...] = ()) -> list[str]:
     """`python -m nam56r.training.train` for a bench run: no checkpoint (a proxy checkpoint takes about 44 GiB), and a
     one-step learning-rate warm-up, as a run of a few steps needs one shorter than the recipe's (the schedule
-    changes neither speed nor memory)."""
+    changes neither speed nor memory). `options`: the launcher's own (e.g. `--fused-linear-ce off`); `extra`:
+    Megatron flags after `--`."""
     command = [sys.executable, "-m", "nam56r.training.train", *RECIPES[recipe], "--steps", str(steps), "--warmup", "1", "--no-save",
-               "--run-dir", str(run_dir)]
+               "--run-dir", str(run_dir), *options]
     if mbs is not None:
         command += ["--mbs", str(mbs), "--gbs", str(mbs)]
     return command + (["--", *extra] if extra else [])
 
 
-def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, extra: tuple[str, ...] = (), env: dict | None = None) -> dict:
+def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: tuple[str, ...] = (), extra: tuple[str, ...] = (),
+          env: dict | None = None) -> dict:
     """Run the users' training command (`train_command`); returns exit code, wall seconds, seconds to the first
     logged step, the run's summary.json (when it finished) and the log tail."""
-    command = train_command(recipe, run_dir, mbs=mbs, steps=steps, extra=extra)
+    command = train_command(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=extra)
     print(f"[train] {' '.join(command)}", flush=True)
     start = time.perf_counter()
     first_step_s = None
@@ -129,32 +133,48 @@ def train_step(ctx: Context) -> list[Row]:
     return rows
 
 
+# The memory paths the microbatch suite compares in one build: the recipes' default, and upstream's logits +
+# cross-entropy for the LM head and MTP heads instead of Megatron patches 0007/0008's fused linear CE.
+CE_PATHS = {
+    "patched (fused linear CE, patches 0007/0008)": (),
+    "upstream CE (logits + fp32 CE)": ("--fused-linear-ce", "off"),
+}
+
+
 def microbatch(ctx: Context) -> list[Row]:
     require_gpu("microbatch")
     rows = []
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-mbs-") as tmp:
         for recipe in models(ctx):
-            fits, fails, tried = 0, None, {}
-            mbs = 1
-            while fails is None or fails - fits > 1:
-                result = train(recipe, Path(tmp) / f"{recipe}-mbs{mbs}", mbs=mbs, steps=3)
-                tried[mbs] = _attempt(result)
-                if result["exit"] == 0:
-                    fits = mbs
-                else:
-                    fails = mbs
-                    if fits == 0:
-                        break
-                if ctx.quick and fits >= 2:
-                    break
-                mbs = mbs * 2 if fails is None else (fits + fails) // 2
-                if mbs > 64:
-                    break
-            rows.append(Row(f"{recipe} seq 4096", "patched", extra={
-                "largest_micro_batch": fits, "tried": tried,
-                "unpatched": "not measured (needs an environment without the memory patches)",
-            }))
+            for side, (variant, options) in enumerate(CE_PATHS.items()):
+                def try_mbs(mbs: int, recipe: str = recipe, side: int = side, options: tuple[str, ...] = options) -> dict:
+                    return train(recipe, Path(tmp) / f"{recipe}-ce{side}-mbs{mbs}", mbs=mbs, steps=3, options=options)
+
+                fits, tried = largest_micro_batch(try_mbs, quick=ctx.quick)
+                rows.append(Row(f"{recipe} seq 4096", variant, extra={"largest_micro_batch": fits, "tried": tried}))
     return rows
+
+
+def largest_micro_batch(try_mbs: Callable[[int], dict], *, quick: bool = False, limit: int = 64) -> tuple[int, dict[int, dict]]:
+    """(the largest micro-batch whose `try_mbs` run exits 0, what each try showed): doubling from 1 until a try
+    fails, then bisecting between the last fit and the first failure. 0 when micro-batch 1 fails."""
+    fits, fails, tried = 0, None, {}
+    mbs = 1
+    while fails is None or fails - fits > 1:
+        result = try_mbs(mbs)
+        tried[mbs] = _attempt(result)
+        if result["exit"] == 0:
+            fits = mbs
+        else:
+            fails = mbs
+            if fits == 0:
+                break
+        if quick and fits >= 2:
+            break
+        mbs = mbs * 2 if fails is None else (fits + fails) // 2
+        if mbs > limit:
+            break
+    return fits, tried
 
 
 def _attempt(result: dict) -> dict:

@@ -75,6 +75,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     shape.add_argument("--backend", choices=("auto", "te", "local"), help="layer backend (auto: TE when installed)")
     shape.add_argument("--index-cache", choices=("on", "off"), help="IndexCache for the DSA layers")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
+    shape.add_argument("--fused-linear-ce", choices=("on", "off"),
+                       help="LM head and MTP heads through the fused linear cross-entropy of Megatron patches 0007/0008 "
+                            "(on, the recipes' default) or upstream's logits + cross-entropy (off)")
     io_group = parser.add_argument_group("data, checkpoints, outputs")
     io_group.add_argument(
         "--data", type=Path, help="a data directory with data.json (nam56r.training.data build/convert) or a train prefix (.bin/.idx)"
@@ -113,6 +116,7 @@ def recipe_from(args: argparse.Namespace) -> Recipe:
         backend=args.backend,
         index_cache=on_off[args.index_cache],
         cuda_graphs=on_off[args.cuda_graphs],
+        fused_linear_ce=on_off[args.fused_linear_ce],
     )
 
 

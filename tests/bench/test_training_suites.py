@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from nam56r_bench.harness import Context
-from nam56r_bench.training_suites import _attempt, models, top_kernels, train_command
+from nam56r_bench.training_suites import CE_PATHS, _attempt, largest_micro_batch, models, top_kernels, train_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,3 +65,31 @@ def test_model_option_picks_the_training_suites_models(tmp_path: Path) -> None:
     assert models(Context(tmp_path, quick=False)) == ("proxy", "nam56r")
     assert models(Context(tmp_path, quick=True)) == ("proxy",)
     assert models(Context(tmp_path, quick=False, models=("nam56r",))) == ("nam56r",)
+
+
+def test_the_upstream_ce_side_is_a_launcher_option_megatron_accepts(tmp_path: Path, megatron_built, capsys: pytest.CaptureFixture) -> None:
+    """The microbatch suite's two CE paths run in one build: the users' command with `--fused-linear-ce off`
+    drops patch 0007's flag, and nam56r.training.train's parser and Megatron's accept it (dry run)."""
+    from nam56r.training.train import main as train_main
+
+    fused, upstream = CE_PATHS.values()
+    for options, flagged in ((fused, True), (upstream, False)):
+        command = train_command("proxy", tmp_path / f"run-{flagged}", mbs=1, steps=3, options=options)
+        assert train_main([*command[3:], "--dry-run"]) == 0
+        assert ("--fused-linear-cross-entropy" in capsys.readouterr().out) is flagged
+
+
+def _runs_up_to(largest: int):
+    def try_mbs(mbs: int) -> dict:
+        tail = [] if mbs <= largest else ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+        return {"exit": 0 if mbs <= largest else 1, "summary": None, "first_step_s": None, "tail": tail}
+
+    return try_mbs
+
+
+@pytest.mark.parametrize("largest", [0, 1, 2, 3, 5, 8, 13])
+def test_the_search_finds_the_largest_micro_batch_that_trains(largest: int) -> None:
+    fits, tried = largest_micro_batch(_runs_up_to(largest))
+    assert fits == largest
+    assert all((mbs <= largest) == (t["exit"] == 0) for mbs, t in tried.items())
+    assert largest == 0 or largest + 1 in tried  # the failure that bounds it was tried

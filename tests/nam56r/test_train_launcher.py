@@ -95,6 +95,16 @@ def test_model_override_and_no_save_reach_the_flags(tiny_data, tmp_path):
     assert code == 2 and "--no-save and --save contradict" in err
 
 
+def test_fused_linear_ce_off_takes_upstreams_logits_path(tiny_data, tmp_path):
+    base = ["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data)]
+    code, out, err = _run([*base, "--run-dir", str(tmp_path / "on")])
+    assert code == 0, err
+    assert "--fused-linear-cross-entropy" in _command_line(out)  # the recipes' default: patches 0007/0008's path
+    code, out, err = _run([*base, "--run-dir", str(tmp_path / "off"), "--fused-linear-ce", "off"])
+    assert code == 0, err
+    assert "--fused-linear-cross-entropy" not in _command_line(out)  # Megatron parses it; the heads materialize logits
+
+
 def test_mock_data_and_null_tokenizer_are_refused(tiny_data, tmp_path):
     for extra in (["--mock-data"], ["--tokenizer-type", "NullTokenizer"]):
         code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--run-dir", str(tmp_path), "--", *extra])
