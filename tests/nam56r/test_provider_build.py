@@ -39,8 +39,8 @@ RUN_FIELDS = {
     "inference_sampling_seed",  # --seed
     "rotary_scaling_factor",  # YaRN's only; NAM56R's rope_type is "rope"
     # Megatron sets is_hybrid_model from --hybrid-layer-pattern, and with it scales the output layers'
-    # init std by 1/sqrt(num_layers) instead of 1/sqrt(2*num_layers); `megatron_config` does not set it
-    # (yet), so CPU and direct GPU builds initialize those layers smaller than training does.
+    # init std by 1/sqrt(num_layers) instead of 1/sqrt(2*num_layers); `megatron_config` does not set it,
+    # so CPU and direct GPU builds initialize those layers smaller than training does.
     "is_hybrid_model", "output_layer_init_method",
 }  # fmt: skip
 
