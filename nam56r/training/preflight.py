@@ -1,6 +1,6 @@
 """Preflight before any training step: the patch series are applied (by checksum), the fused paths
 the config asks for are importable and take its shapes (`nam56r.model.fused_constraints`), and the GPU is
-one NAM56R's kernels are built for.
+one NAM56R trains on, with enough shared memory for the TileLang kernels in use (`nam56r.training.gpu_arch`).
 
     python -m nam56r.training.preflight --preset nam56r
 
@@ -27,11 +27,9 @@ from nam56r_patchlane.statefile import state_path
 
 from nam56r import CHECKOUT_ROOT
 from nam56r.model.config import ModelConfig
+from nam56r.training.gpu_arch import arch_check
 
 ROOT = CHECKOUT_ROOT
-# Hopper: the TileLang sparse-MLA / Mamba-3 MIMO kernels and their shared-memory budgets are
-# validated on sm_90 (H100/H200) only.
-SUPPORTED_CAPABILITIES = {(9, 0): "Hopper (H100/H200)"}
 # upstream -> (import name, folder of the package inside the materialized tree)
 PATCHED_IMPORTS = {"megatron-lm": ("megatron.core", "megatron/core"), "mamba": ("mamba_ssm", "mamba_ssm")}
 REBUILD = "run `nox -s build` (it applies the series and installs the trees editable)"
@@ -156,15 +154,7 @@ def run_preflight(config: ModelConfig, *, root: Path = ROOT, require_gpu: bool =
         if not torch.cuda.is_available():
             report.add("gpu", False, "no CUDA GPU visible (torch.cuda.is_available() is False); NAM56R trains on Hopper GPUs")
         else:
-            capability = torch.cuda.get_device_capability()
-            name = torch.cuda.get_device_name()
-            supported = SUPPORTED_CAPABILITIES.get(capability)
-            report.add(
-                "gpu",
-                supported is not None,
-                f"{name}, sm_{capability[0]}{capability[1]}"
-                + ("" if supported else f": not supported; NAM56R's kernels are validated on {', '.join(SUPPORTED_CAPABILITIES.values())}"),
-            )
+            report.add("gpu", *arch_check(config, torch.cuda.get_device_capability(), torch.cuda.get_device_name()))
     return report
 
 
