@@ -3,10 +3,11 @@
 For each position, the 2-gram and 3-gram ending there are hashed by `heads` hash functions into
 one table per order (`table_size` rows of `embed_dim`); the looked-up rows are projected to the
 hidden size and added to the token embedding. Hash, gather and projection are the kernels
-package's (`nam56r_kernels.ngram_hash`): one fused Triton kernel on CUDA tensors, which never
-writes the [b, s, orders*heads*dim] features; the PyTorch reference (embedding, then `proj`) on
-CPU tensors (CPU runs are tests and parameter counting, never training). Both use `proj.weight`,
-so the parameters and the checkpoint layout are the same either way.
+package's (`nam56r_kernels.ngram_hash`): the PyTorch reference (embedding, then `proj`), or, on
+CUDA tensors with `NgramHashConfig.kernel="fused"`, one fused Triton kernel that never writes the
+[b, s, orders*heads*dim] features (see that field for which is the default and why). CPU runs (tests
+and parameter counting, never training) take the reference. Both use `proj.weight`, so the
+parameters and the checkpoint layout are the same either way.
 """
 
 from __future__ import annotations
@@ -48,5 +49,6 @@ class NgramHashEmbedding(torch.nn.Module):
         return len(self.config.orders) * self.config.heads * self.config.embed_dim
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        project = ngram_hash_project_fused if input_ids.is_cuda else ngram_hash_project_reference
+        fused = self.config.kernel == "fused" and input_ids.is_cuda
+        project = ngram_hash_project_fused if fused else ngram_hash_project_reference
         return project(input_ids, self.tables, self.config.orders, self.hash_mult, self.hash_offset, self.proj.weight)
