@@ -31,40 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r.model.config import ModelConfig
-from nam56r.training.data_build import EOD_TOKEN, SOURCE_SUFFIXES, CorpusConfig, build, format_summary, torch_include_dir, train_tokenizer
+from nam56r.training.data_build import SOURCE_SUFFIXES, CorpusConfig, build, format_summary, torch_include_dir
 from nam56r.training.data_dir import DEFAULT_DATA_DIR, DataDir, default_data_dir
-from nam56r.training.data_format import (
-    PrefixReport,
-    check_prefix,
-    load_megatron_tokenizer,
-    token_dtype,
-    write_indexed_dataset,
-)
-
-# The data pipeline's public face: the CLI, the launcher's reader (read_data_manifest), and the names the
-# launcher and the tests use from its parts: data_dir (the layout), data_build (the default corpus),
-# data_format (Megatron's format), data_convert (users' data).
-__all__ = [
-    "BUILD_COMMAND",
-    "CONVERT_COMMAND",
-    "EOD_TOKEN",
-    "CorpusConfig",
-    "DataDir",
-    "DataManifest",
-    "PrefixReport",
-    "build",
-    "check_prefix",
-    "default_data_dir",
-    "eod_id_near",
-    "format_summary",
-    "load_megatron_tokenizer",
-    "main",
-    "read_data_manifest",
-    "token_dtype",
-    "torch_include_dir",
-    "train_tokenizer",
-    "write_indexed_dataset",
-]
+from nam56r.training.data_format import check_prefix
 
 BUILD_COMMAND = "python -m nam56r.training.data build"
 CONVERT_COMMAND = "python -m nam56r.training.data convert"

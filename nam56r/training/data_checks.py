@@ -34,7 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from nam56r import verbose
-from nam56r.training.data import BUILD_COMMAND, CONVERT_COMMAND, DataDir, PrefixReport, check_prefix
+from nam56r.training.data import BUILD_COMMAND, CONVERT_COMMAND
+from nam56r.training.data_dir import DataDir
+from nam56r.training.data_format import PrefixReport, check_prefix
 from nam56r.training.flags import DataPaths
 
 
@@ -180,7 +182,7 @@ def check_prefix_data(prefix: Path, vocab_size: int, eod_id: int | None) -> Pref
 
 def load_tokenizer_info(tokenizer_dir: Path) -> TokenizerInfo:
     """The tokenizer's size and EOD as Megatron's pretrain reads them (`nam56r.training.data.load_megatron_tokenizer`)."""
-    from nam56r.training.data import load_megatron_tokenizer
+    from nam56r.training.data_format import load_megatron_tokenizer
 
     if not Path(tokenizer_dir).is_dir():
         raise DataCheckError(f"tokenizer directory {tokenizer_dir} does not exist: pass --tokenizer DIR (a HuggingFace tokenizer "

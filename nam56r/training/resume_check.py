@@ -76,7 +76,8 @@ class ResumeResult:
 
 def build_tiny_data(out: Path, vocab_size: int, max_docs: int = 600) -> Path:
     """A small corpus (the first `max_docs` PyTorch headers) in `out`, unless one is already there."""
-    from nam56r.training.data import CorpusConfig, DataDir, build, torch_include_dir
+    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
+    from nam56r.training.data_dir import DataDir
 
     if not DataDir(out).manifest.is_file():
         build(out, vocab_size, CorpusConfig(sources=(torch_include_dir(),), max_docs=max_docs))

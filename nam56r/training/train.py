@@ -13,7 +13,7 @@ token id reaches the model's vocabulary and every document ends in EOD; the toke
 fits the vocabulary. Bad data stops the launch before any GPU work with `error: bad data: FILE ...`
 naming the fix, and exit status 2, dry runs included. Then Megatron's own parser validates every
 flag and derives the model config (which must match ours), and the preflight runs (patches applied
-and unmodified, fused kernels importable, a Hopper GPU). Without `--data` it trains on the default
+and unmodified, fused kernels importable, a GPU NAM56R trains on). Without `--data` it trains on the default
 C/C++ corpus (`python -m nam56r.training.data build`), built on first use. Runs write to `--run-dir`
 (default `runs/<recipe>-<time>`): the command, the model config, per-rank logs, TensorBoard
 events, and at the end `metrics.jsonl`, `summary.json` and `loss_throughput.png`. Checkpoints are
@@ -130,7 +130,7 @@ class DataChoice:
 def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
     """The data the run reads: --data (a directory with data.json, or a prefix with --tokenizer), else
     the default corpus for the model's vocab size (possibly not built yet)."""
-    from nam56r.training.data import DataDir, default_data_dir
+    from nam56r.training.data_dir import DataDir, default_data_dir
 
     if args.data is None:
         directory = default_data_dir(vocab_size)
@@ -341,7 +341,8 @@ def _ensure_data(data: DataChoice, vocab_size: int) -> None:
     into the flags (checked), so nothing is lowered, validated or printed a second time."""
     if data.ready:
         return
-    from nam56r.training.data import CorpusConfig, build, default_data_dir, format_summary, torch_include_dir
+    from nam56r.training.data_build import CorpusConfig, build, format_summary, torch_include_dir
+    from nam56r.training.data_dir import default_data_dir
 
     directory = default_data_dir(vocab_size)
     print(f"building the default C/C++ corpus for vocab {vocab_size} into {directory} (once)", flush=True)

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nam56r.training.data import BUILD_COMMAND, DataDir
+from nam56r.training.data import BUILD_COMMAND
+from nam56r.training.data_dir import DataDir
 from nam56r.training.train import main as train_main
 
 TINY_VOCAB = 512  # the tiny recipe's vocabulary
@@ -27,7 +28,7 @@ TINY_VOCAB = 512  # the tiny recipe's vocabulary
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, megatron_built) -> Path:
-    from nam56r.training.data import CorpusConfig, build, torch_include_dir
+    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
 
     out = tmp_path_factory.mktemp("data") / "cpp"
     build(out, TINY_VOCAB, CorpusConfig(sources=(torch_include_dir(),), max_docs=20))  # no command recorded
@@ -57,7 +58,7 @@ def _refused(data: Path, *extra: str) -> str:
 
 def _rebuild(data: Path) -> str:
     """The fix a refusal names for the built corpus in `data`: the build command its data.json describes, writing to `data`."""
-    from nam56r.training.data import torch_include_dir
+    from nam56r.training.data_build import torch_include_dir
 
     return (f"make it again with `{BUILD_COMMAND} --out {data} --vocab-size {TINY_VOCAB} --source {torch_include_dir().resolve()} "
             f"--max-docs 20 --valid-fraction 0.02 --force`")
@@ -135,7 +136,7 @@ def test_an_index_whose_pointers_do_not_follow_its_lengths_is_refused(data: Path
 
 @pytest.mark.parametrize("documents", [[], [[]]], ids=["no-documents", "empty-documents"])
 def test_an_empty_corpus_is_refused(data: Path, documents: list) -> None:
-    from nam56r.training.data import write_indexed_dataset
+    from nam56r.training.data_format import write_indexed_dataset
 
     prefix = DataDir(data).train_prefix
     write_indexed_dataset(prefix, documents, np.uint16)

@@ -48,7 +48,7 @@ RUN_FIELDS = {
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory, megatron_built) -> Path:
     """A real HuggingFace BPE tokenizer (byte level, 300 tokens) over this test's own source."""
-    from nam56r.training.data import train_tokenizer
+    from nam56r.training.data_build import train_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
     train_tokenizer([Path(__file__).read_text()], 300, out)

@@ -22,7 +22,7 @@ TINY_VOCAB = 512
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory, megatron_built) -> Path:
     """A real (small) default-style corpus: 40 PyTorch headers, byte-level BPE of 512 tokens."""
-    from nam56r.training.data import CorpusConfig, build, torch_include_dir
+    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
 
     out = tmp_path_factory.mktemp("data") / "cpp"
     build(out, TINY_VOCAB, CorpusConfig(sources=(torch_include_dir(),), max_docs=40))
@@ -140,7 +140,7 @@ def test_data_larger_than_the_model_vocab_is_refused(tiny_data, tmp_path):
     code, _, err = _run([*argv, "--data", str(tiny_data)])
     assert code == 0, err
     big = tmp_path / "big"
-    from nam56r.training.data import CorpusConfig, build, torch_include_dir
+    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
 
     build(big, 600, CorpusConfig(sources=(torch_include_dir(),), max_docs=40))
     code, _, err = _run([*argv, "--data", str(big)])
@@ -191,7 +191,7 @@ def test_forward_step_on_a_real_dataset_batch(tiny_data):
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset
 
-    from nam56r.training.data import load_megatron_tokenizer
+    from nam56r.training.data_format import load_megatron_tokenizer
     from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate
     from nam56r.training.pretrain import forward_step, gpt_dataset_config
 
@@ -257,13 +257,14 @@ def test_missing_default_data_is_built_at_the_paths_already_in_the_flags(megatro
     import argparse
     from dataclasses import replace
 
-    import nam56r.training.data as data_module
+    import nam56r.training.data_build as data_build
+    import nam56r.training.data_dir as data_dir
     from nam56r.training.train import _ensure_data, choose_data
 
-    real_build = data_module.build
-    monkeypatch.setattr(data_module, "default_data_dir", lambda vocab_size: tmp_path / f"cpp-headers-v{vocab_size}")
+    real_build = data_build.build
+    monkeypatch.setattr(data_dir, "default_data_dir", lambda vocab_size: tmp_path / f"cpp-headers-v{vocab_size}")
     monkeypatch.setattr(
-        data_module, "build", lambda out, vocab, corpus, command=None: real_build(out, vocab, replace(corpus, max_docs=40), command=command)
+        data_build, "build", lambda out, vocab, corpus, command=None: real_build(out, vocab, replace(corpus, max_docs=40), command=command)
     )
     args = argparse.Namespace(data=None)
     before = choose_data(args, TINY_VOCAB)
