@@ -59,7 +59,7 @@ from nam56r.model.config import Mamba3Config, ModelConfig
 from nam56r.model.pattern import LayerKind, layout_of
 
 # Written into run summaries; change it whenever the counting rules above change.
-FORMULA = "nam56r.model.flops v1 (6 x active matmul weights, causal s/2, DSA k_eff=min(topk, s/2), model FLOPs)"
+FORMULA = "nam56r.flops v1 (6 x active matmul weights, causal s/2, DSA k_eff=min(topk, s/2), model FLOPs)"
 
 FWD_BWD = 3  # forward, input gradient, weight gradient: three GEMMs of the same size
 MATMUL = 2 * FWD_BWD  # FLOPs per weight per token in training

@@ -50,7 +50,7 @@ from nam56r.training.logged_run import run_logged
 from nam56r.training.resume_check import ResumeCheck, ResumeResult, build_tiny_data, run_resume_check
 
 ROOT = CHECKOUT_ROOT
-SCHEMA = "nam56r.training.gpu_check/1"
+SCHEMA = "nam56r.gpu_check/1"
 EXIT_FAILED, EXIT_NO_GPU, EXIT_USAGE = 1, 2, 2
 PARTS = ("tests", "packs", "train")
 # The train part runs this test's check (train, save, resume, compare) at 20 steps; the test runs 40.

@@ -234,7 +234,7 @@ def test_a_failed_part_fails_the_check_and_the_summary_says_why(tmp_path: Path) 
     assert "the full run exited 2" in train["problems"][0] and "invalid choice: 'no-such-recipe'" in train["problems"][0]
     assert train["runs"]["full"]["exit_code"] == 2 and "resumed" not in train["runs"]
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
-    assert summary["host"]["gpu"] == "cpu" and summary["schema"] == "nam56r.training.gpu_check/1" and summary["finished_utc"]
+    assert summary["host"]["gpu"] == "cpu" and summary["schema"] == "nam56r.gpu_check/1" and summary["finished_utc"]
     text = report(summary)
     assert "gpu-check FAILED" in text and "train  failed" in text and "tests  skipped (--skip-tests)" in text
 
