@@ -9,7 +9,8 @@ Cases (each size by the ModelConfig field it is read from):
   fused indexer logits (per sequence, as Megatron runs it; only the last sequence's logits are kept), the
   fused kernel.
 - ``dsa-topk mb8``: top-(dsa.topk) causal selection: patch 0002's scores + ``torch.topk``, TileLang's
-  indexer + ``torch.topk`` (``lighting_indexer_indices``), the fused streaming top-k.
+  indexer + ``torch.topk`` (``lighting_indexer_indices``), the fused scores + ``torch.topk``, the
+  fused scores + exact per-query select (``index_topk_fused``).
 - ``lm-head ce`` / ``mtp ce``: output layer + cross-entropy forward+backward at vocab_size: logits then
   fp32 cross-entropy (core_v0.19.0) vs Megatron patch 0007/0008's chunked fused linear CE (one MTP depth).
 - ``moe experts``: 32k tokens, top-(moe.topk) of moe.num_experts experts of FFN moe.expert_ffn,
@@ -151,7 +152,7 @@ def _dsa_scores_case(batch: int, base: _DsaBaselines, ctx: Context) -> list[Row]
 def _dsa_topk_case(batch: int, base: _DsaBaselines, ctx: Context) -> list[Row]:
     import torch
     from megatron.core.transformer.experimental_attention_variant import dsa
-    from nam56r_kernels.dsa_indexer import index_topk_fused
+    from nam56r_kernels.dsa_indexer import index_scores_fused, index_topk_fused
 
     seq, topk = base.shapes.seq_length, base.shapes.dsa_topk
     case = f"dsa-topk mb{batch}"
@@ -172,6 +173,7 @@ def _dsa_topk_case(batch: int, base: _DsaBaselines, ctx: Context) -> list[Row]:
         rows.append(_measure(case, "upstream TileLang indexer + torch.topk", tilelang_selection, ctx)[0])
     else:
         rows.append(Row(case, "upstream TileLang indexer + torch.topk", extra={"error": base.tilelang_missing}))
+    rows.append(_measure(case, "fused scores + torch.topk", lambda: index_scores_fused(q, k, w, causal=True).topk(topk, dim=-1), ctx)[0])
     fused_row, fused = _measure(case, "fused", lambda: index_topk_fused(q, k, w, topk), ctx)
     if fused is not None:
         same_rows = (fused[0].sort(-1).values == ref_scores.sort(-1).values).all(-1).float().mean().item()

@@ -4,9 +4,10 @@ Why: Megatron core_v0.19.0 computes the indexer's scores ``sum_h w[h] * relu(q[h
 einsum over a ``[sq, b, heads, sk]`` intermediate (32x the result at NAM56R's 32 index heads) without
 tensor cores, and its fused TileLang indexer writes fp32 logits for a whole sequence before
 ``torch.topk``. The fused scores kernel here runs each head's ``q . k`` as a bf16 tensor-core GEMM with
-fp32 accumulation and writes only the ``[b, sq, sk]`` result; the fused top-k kernel streams over key
-blocks keeping a running top-k per query in registers, so it never writes the score matrix and its
-extra memory does not grow with sk.
+fp32 accumulation and writes only the ``[b, sq, sk]`` result. The fused top-k scores one sequence at a
+time into a reused ``[sq, sk]`` buffer and selects each query's top-k exactly in one pass over registers:
+the k-th largest score's bits by bisection (31 counts over the row), then a compaction and a sort of
+only the k kept keys. Selecting by sort merges, or by ``torch.topk``, costs more than the scores do.
 
 Contract (Megatron's layouts, so the kernels drop in where ``_compute_index_scores`` is called):
 
@@ -44,9 +45,8 @@ __all__ = [
 
 _SCORE_BLOCK_M = 64
 _SCORE_BLOCK_N = 128
-_TOPK_BLOCK_M = 16
-# Largest top-k the register-resident running selection supports (it sorts [BLOCK_M, 2 * K] int64 keys).
-MAX_FUSED_TOPK = 1024
+# Longest key row the select holds in registers (16 warps, 64 keys a thread).
+MAX_SELECT_KEYS = 32768
 
 
 def index_scores_reference(
@@ -105,32 +105,31 @@ def index_scores_fused(
 def index_topk_fused(
     q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk: int, *, use_relu: bool = True, causal: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same as ``index_topk_reference`` without the [b, sq, sk] scores: extra memory is O(b * sq * topk)."""
+    """The same as ``index_topk_reference``: per sequence, the fused scores, then one exact select per query.
+
+    Extra memory beyond the outputs is one sequence's fp32 [sq, sk] scores, reused across the batch.
+    """
     _check_topk(topk)
     _check_indexer_inputs(q, k, weights, causal)
     require_cuda_or_interpreter(q, "index_topk_fused", "index_topk_reference")
-    sq, batch, heads, dim = q.shape
+    sq, batch, _, _ = q.shape
     sk = k.shape[0]
+    if sk > MAX_SELECT_KEYS:
+        raise ValueError(f"index_topk_fused selects among at most {MAX_SELECT_KEYS} keys per query, got sk={sk}; "
+                         "use index_topk_reference")
     kept = min(topk, sk)
-    if kept > MAX_FUSED_TOPK:
-        raise ValueError(f"index_topk_fused keeps at most {MAX_FUSED_TOPK} keys per query, got topk={topk}")
     top_scores = torch.empty(batch, sq, kept, dtype=torch.float32, device=q.device)
     top_indices = torch.empty(batch, sq, kept, dtype=torch.int32, device=q.device)
     if top_scores.numel() == 0:
         return top_scores, top_indices
-    q, k = _d_contiguous(q), _d_contiguous(k)
-    # The running selection and each key block have the same power-of-two width, so a merge is one
-    # sort of [BLOCK_M, 2 * KEEP] keys; BLOCK_N = KEEP also makes a block's scores one GEMM per head.
-    keep = max(16, triton.next_power_of_2(kept))
-    grid = (triton.cdiv(sq, _TOPK_BLOCK_M), batch)
-    _index_topk_kernel[grid](
-        q, k, weights, top_scores, top_indices, sq, sk, kept,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-        weights.stride(0), weights.stride(1), weights.stride(2),
-        top_scores.stride(0), top_scores.stride(1),
-        HEADS=heads, DIM=dim, BLOCK_M=_TOPK_BLOCK_M, KEEP=keep, USE_RELU=use_relu, CAUSAL=causal,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=8, num_stages=2,
-    )
+    row_width = max(16, triton.next_power_of_2(sk))
+    for bi in range(batch):
+        scores = index_scores_fused(q[:, bi : bi + 1], k[:, bi : bi + 1], weights[:, bi : bi + 1],
+                                    use_relu=use_relu, causal=causal)[0]
+        _select_topk_kernel[(sq,)](
+            scores, top_scores[bi], top_indices[bi], sk, kept, scores.stride(0), top_scores.stride(1),
+            ROW=row_width, KEEP=max(16, triton.next_power_of_2(kept)), num_warps=max(4, min(16, row_width // 1024)),
+        )
     return top_scores, top_indices
 
 
@@ -191,43 +190,44 @@ def _pack_keys(scores, cols):
 
 
 @triton.jit
-def _index_topk_kernel(q_ptr, k_ptr, w_ptr, scores_ptr, indices_ptr, sq, sk, kept,
-                       stride_qs, stride_qb, stride_qh, stride_ks, stride_kb,
-                       stride_ws, stride_wb, stride_wh, stride_ob, stride_os,
-                       HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, KEEP: tl.constexpr,
-                       USE_RELU: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    pid_m, bi = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _select_topk_kernel(scores_ptr, out_scores_ptr, out_indices_ptr, sk, kept, stride_row, stride_out,
+                        ROW: tl.constexpr, KEEP: tl.constexpr):
+    """One query's top-``kept`` of its ``sk`` scores, exactly: the kept-th largest key by bisection over its bits,
+    then everything above it plus the lowest-numbered keys tied with it, sorted (score descending, key ascending)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, ROW)
+    scores = tl.load(scores_ptr + row * stride_row + cols, mask=cols < sk, other=float("-inf"))
+    bits = scores.to(tl.int32, bitcast=True)
+    # Signed ints ordered as the floats are; past-the-end keys sit below every real one, -inf included.
+    mono = tl.where(cols < sk, tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF), -2147483647 - 1)
+    # The largest threshold t with at least `kept` keys >= t, built from the sign bit down; no step overflows.
+    threshold = tl.where(tl.sum((mono >= 0).to(tl.int32), axis=0) >= kept, 0, -2147483647 - 1)
+    for step in tl.static_range(31):
+        candidate = threshold + (1 << (30 - step))
+        threshold = tl.where(tl.sum((mono >= candidate).to(tl.int32), axis=0) >= kept, candidate, threshold)
+    above = mono > threshold
+    tied = mono == threshold
+    ties_wanted = kept - tl.sum(above.to(tl.int32), axis=0)
+    chosen = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= ties_wanted))
+    slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    out_scores = out_scores_ptr + row * stride_out
+    out_indices = out_indices_ptr + row * stride_out
+    tl.store(out_scores + slot, scores, mask=chosen)
+    tl.store(out_indices + slot, cols, mask=chosen)
+    # The chosen keys are in key order; a sort of the kept slots, read back by the same block, orders them.
+    tl.debug_barrier()
     lane = tl.arange(0, KEEP)
-    # Hidden and past-the-end keys score -inf, so they are chosen only when nothing else is left.
-    best = _pack_keys(tl.full((BLOCK_M, KEEP), float("-inf"), tl.float32), tl.zeros((BLOCK_M, KEEP), tl.int32) + sk)
-    key_end = sk
-    if CAUSAL:
-        key_end = pid_m * BLOCK_M + BLOCK_M  # the keys this query block can see (past sk are masked)
-    for start in range(0, key_end, KEEP):
-        cols = start + lane
-        scores = _weighted_head_sum(q_ptr, k_ptr, w_ptr, bi, rows, cols, sq, sk,
-                                    stride_qs, stride_qb, stride_qh, stride_ks, stride_kb,
-                                    stride_ws, stride_wb, stride_wh, HEADS, DIM, BLOCK_M, KEEP, USE_RELU, DOT_PRECISION)
-        visible = (cols < sk)[None, :]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= rows[:, None])
-        scores = tl.where(visible, scores, float("-inf"))
-        block = _pack_keys(scores, cols[None, :] + tl.zeros((BLOCK_M, KEEP), tl.int32))
-        # Merge only when some key of this block beats the weakest kept key of its row.
-        if tl.max((tl.max(block, axis=1) > tl.min(best, axis=1)).to(tl.int32), axis=0) > 0:
-            both = tl.reshape(tl.join(best, block), (BLOCK_M, 2 * KEEP))
-            both = tl.sort(both, dim=1, descending=True)
-            best, _ = tl.split(tl.permute(tl.reshape(both, (BLOCK_M, 2, KEEP)), (0, 2, 1)))
-    best = tl.sort(best, dim=1, descending=True)
-    cols = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(tl.int32)
-    mono = (best >> 32).to(tl.int32)
-    top = tl.where(mono >= 0, mono, mono ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    cols = tl.where(top == float("-inf"), -1, cols)
-    offsets = bi * stride_ob + rows[:, None].to(tl.int64) * stride_os + lane[None, :]
-    mask = (rows < sq)[:, None] & (lane < kept)[None, :]
-    tl.store(scores_ptr + offsets, top, mask=mask)
-    tl.store(indices_ptr + offsets, cols, mask=mask)
+    in_row = lane < kept
+    keys = _pack_keys(tl.load(out_scores + lane, mask=in_row, other=float("-inf")),
+                      tl.load(out_indices + lane, mask=in_row, other=0))
+    keys = tl.where(in_row, keys, -9223372036854775807 - 1)
+    keys = tl.sort(keys, dim=0, descending=True)
+    mono_top = (keys >> 32).to(tl.int32)
+    top = tl.where(mono_top >= 0, mono_top, mono_top ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    top_cols = tl.where(top == float("-inf"), -1, (0xFFFFFFFF - (keys & 0xFFFFFFFF)).to(tl.int32))
+    tl.debug_barrier()
+    tl.store(out_scores + lane, top, mask=in_row)
+    tl.store(out_indices + lane, top_cols, mask=in_row)
 
 
 def _causal_hidden(seq: int, device: torch.device) -> torch.Tensor:
