@@ -24,9 +24,9 @@ class KernelShapes:
     """The model sizes of the kernel cases, each named after the ModelConfig field it is read from."""
 
     preset: str
-    seq_length: int  # seq_length: every case's sequence (DSA's [seq, seq] scores, CE and n-gram rows)
-    hidden_size: int  # hidden_size: LM-head input, MoE expert input/output, n-gram projection output
-    vocab_size: int  # vocab_size: LM-head/MTP output, n-gram token ids
+    seq_length: int  # seq_length: every case's sequence (DSA's [seq, seq] scores, CE rows, the Mamba-3 region)
+    hidden_size: int  # hidden_size: LM-head input, MoE expert input/output
+    vocab_size: int  # vocab_size: LM-head/MTP output
     mtp_depths: int  # mtp.depths: the MTP heads, each one more LM head's cross-entropy
     indexer_heads: int  # dsa.indexer_heads
     indexer_head_dim: int  # dsa.indexer_head_dim
@@ -34,10 +34,6 @@ class KernelShapes:
     num_experts: int  # moe.num_experts
     expert_topk: int  # moe.topk
     expert_ffn: int  # moe.expert_ffn
-    ngram_orders: tuple[int, ...]  # ngram.orders
-    ngram_heads: int  # ngram.heads
-    ngram_table_size: int  # ngram.table_size
-    ngram_embed_dim: int  # ngram.embed_dim
     mamba_heads: int  # mamba.num_heads(hidden_size): expand * hidden_size / head_dim
     mamba_a_floor: float  # not in ModelConfig: MAMBA3_A_FLOOR
 
@@ -57,10 +53,6 @@ def kernel_shapes(preset: str = KERNEL_PRESET) -> KernelShapes:
         num_experts=config.moe.num_experts,
         expert_topk=config.moe.topk,
         expert_ffn=config.moe.expert_ffn,
-        ngram_orders=tuple(config.ngram.orders),
-        ngram_heads=config.ngram.heads,
-        ngram_table_size=config.ngram.table_size,
-        ngram_embed_dim=config.ngram.embed_dim,
         mamba_heads=config.mamba.num_heads(config.hidden_size),
         mamba_a_floor=MAMBA3_A_FLOOR,
     )
@@ -74,12 +66,11 @@ class KernelSweep:
     dsa_topk_batch: int  # `dsa-topk mb{b}`
     ce_batch: int  # `lm-head ce` / `mtp ce`: sequences through the output layer
     moe_tokens: int  # `moe experts (N tokens)`: tokens routed, each to expert_topk experts
-    ngram_batch: int  # `ngram embed mb{b}`
     mamba_batch: int  # `mamba3 adt region mb{b}`
 
 
-FULL_SWEEP = KernelSweep(dsa_score_batches=(1, 8), dsa_topk_batch=8, ce_batch=8, moe_tokens=32768, ngram_batch=8, mamba_batch=8)
-QUICK_SWEEP = KernelSweep(dsa_score_batches=(1,), dsa_topk_batch=1, ce_batch=2, moe_tokens=8192, ngram_batch=2, mamba_batch=8)
+FULL_SWEEP = KernelSweep(dsa_score_batches=(1, 8), dsa_topk_batch=8, ce_batch=8, moe_tokens=32768, mamba_batch=8)
+QUICK_SWEEP = KernelSweep(dsa_score_batches=(1,), dsa_topk_batch=1, ce_batch=2, moe_tokens=8192, mamba_batch=8)
 
 
 def kernel_sweep(quick: bool) -> KernelSweep:

@@ -15,9 +15,6 @@ Cases (each size by the ModelConfig field it is read from):
   fp32 cross-entropy (core_v0.19.0) vs Megatron patch 0007/0008's chunked fused linear CE (one MTP depth).
 - ``moe experts``: 32k tokens, top-(moe.topk) of moe.num_experts experts of FFN moe.expert_ffn,
   forward+backward: the per-expert loop (SequentialMLP's computation) vs two grouped GEMMs.
-- ``ngram embed``: micro-batch 8, ngram.orders x ngram.heads hashes into ngram.table_size x ngram.embed_dim
-  tables, projected to hidden_size, forward+backward: reference embedding + linear vs the fused
-  hash/gather/projection.
 - ``mamba3 adt``: the data-dependent-A region (mamba.num_heads(hidden_size) heads) at micro-batch 8, eager vs
   regional ``torch.compile``.
 """
@@ -241,31 +238,6 @@ def moe_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row
     return [base, _measure(case, "grouped_mm", step(grouped_mlp), ctx, reference=ref)[0]]
 
 
-def ngram_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
-    import torch
-    from nam56r_kernels.ngram_hash import make_hash_params, ngram_hash_project_fused, ngram_hash_project_reference
-
-    batch, seq, hidden = sweep.ngram_batch, shapes.seq_length, shapes.hidden_size
-    orders, heads, table_rows, dim = shapes.ngram_orders, shapes.ngram_heads, shapes.ngram_table_size, shapes.ngram_embed_dim
-    g = torch.Generator(device="cuda").manual_seed(0)
-    tokens = torch.randint(0, shapes.vocab_size, (batch, seq), device="cuda", generator=g)
-    tables = torch.randn(len(orders), table_rows, dim, device="cuda", generator=g).bfloat16().requires_grad_()
-    weight = (torch.randn(hidden, len(orders) * heads * dim, device="cuda", generator=g) * 0.02).bfloat16().requires_grad_()
-    mult, offset = (p.cuda() for p in make_hash_params(orders, heads))
-    grad = torch.randn(batch, seq, hidden, device="cuda", generator=g).bfloat16()
-
-    def step(fn):
-        def run():
-            out = fn(tokens, tables, orders, mult, offset, weight)
-            return (out, *torch.autograd.grad(out, (tables, weight), grad))
-
-        return run
-
-    case = f"ngram embed mb{batch}"
-    base, ref = _measure(case, "reference (embedding + linear)", step(ngram_hash_project_reference), ctx)
-    return [base, _measure(case, "fused", step(ngram_hash_project_fused), ctx, reference=ref)[0]]
-
-
 def mamba_region_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
     import torch
     from nam56r_kernels.mamba3_regions import adt_dt_compiled, adt_dt_reference
@@ -289,6 +261,6 @@ def run(ctx: Context) -> list[Row]:
     require_gpu("kernels")
     shapes, sweep = kernel_shapes(), kernel_sweep(ctx.quick)
     rows: list[Row] = []
-    for cases in (dsa_cases, cross_entropy_cases, moe_case, ngram_case, mamba_region_case):
+    for cases in (dsa_cases, cross_entropy_cases, moe_case, mamba_region_case):
         rows += cases(ctx, shapes, sweep)
     return rows

@@ -113,11 +113,6 @@ class NgramHashConfig:
     table_size: int = 500_000
     embed_dim: int = 16
     seed: int = 0
-    # The projection's path on CUDA tensors: the PyTorch reference (embedding, then the linear), or the
-    # fused Triton kernel that never writes the [b, s, orders*heads*dim] features. The reference is the
-    # default: `nox -s bench -- kernels` (docs/bench/kernels.json, one H200, micro-batch 8) puts the fused
-    # kernel at 0.45x its time, for 0.05 GiB less memory. CPU tensors always take the reference.
-    kernel: Literal["reference", "fused"] = "reference"
 
 
 @dataclass(frozen=True)
@@ -176,8 +171,6 @@ class ModelConfig:
             problems.append(f"mtp.depths {self.mtp.depths} must be >= 0")
         if self.ngram.enabled and (not self.ngram.orders or min(self.ngram.orders) < 2):
             problems.append(f"ngram.orders {self.ngram.orders} must be n-gram orders >= 2")
-        if self.ngram.kernel not in ("reference", "fused"):
-            problems.append(f"ngram.kernel {self.ngram.kernel!r} must be 'reference' or 'fused'")
         if self.precision not in ("bf16", "fp8-tensorwise"):
             problems.append(f"precision {self.precision!r} is not 'bf16' or 'fp8-tensorwise'")
         if problems:

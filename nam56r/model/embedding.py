@@ -3,17 +3,14 @@
 For each position, the 2-gram and 3-gram ending there are hashed by `heads` hash functions into
 one table per order (`table_size` rows of `embed_dim`); the looked-up rows are projected to the
 hidden size and added to the token embedding. Hash, gather and projection are the kernels
-package's (`nam56r_kernels.ngram_hash`): the PyTorch reference (embedding, then `proj`), or, on
-CUDA tensors with `NgramHashConfig.kernel="fused"`, one fused Triton kernel that never writes the
-[b, s, orders*heads*dim] features (see that field for which is the default and why). CPU runs (tests
-and parameter counting, never training) take the reference. Both use `proj.weight`, so the
-parameters and the checkpoint layout are the same either way.
+package's (`nam56r_kernels.ngram_hash`): a masked gather of the tables' rows into the
+[b, s, orders*heads*dim] features, then one linear with `proj.weight` (cuBLAS on CUDA).
 """
 
 from __future__ import annotations
 
 import torch
-from nam56r_kernels.ngram_hash import make_hash_params, ngram_hash_project_fused, ngram_hash_project_reference
+from nam56r_kernels.ngram_hash import make_hash_params, ngram_hash_project
 
 from nam56r.model.config import NgramHashConfig
 
@@ -49,6 +46,4 @@ class NgramHashEmbedding(torch.nn.Module):
         return len(self.config.orders) * self.config.heads * self.config.embed_dim
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        fused = self.config.kernel == "fused" and input_ids.is_cuda
-        project = ngram_hash_project_fused if fused else ngram_hash_project_reference
-        return project(input_ids, self.tables, self.config.orders, self.hash_mult, self.hash_offset, self.proj.weight)
+        return ngram_hash_project(input_ids, self.tables, self.config.orders, self.hash_mult, self.hash_offset, self.proj.weight)

@@ -19,13 +19,13 @@ def test_ratios_compare_each_candidate_with_the_fastest_baseline() -> None:
         Row("dsa", "upstream tilelang", time_ms=20.0, peak_extra_bytes=1 << 30),
         Row("dsa", "upstream broken", extra={"error": "out of memory"}),
         Row("dsa", "fused", time_ms=4.0, peak_extra_bytes=1 << 29),
-        Row("ngram", "reference", time_ms=3.0, peak_extra_bytes=300),
-        Row("ngram", "fused", time_ms=1.0, peak_extra_bytes=100),
+        Row("moe", "reference", time_ms=3.0, peak_extra_bytes=300),
+        Row("moe", "grouped_mm", time_ms=1.0, peak_extra_bytes=100),
         Row("alone", "fused", time_ms=1.0),
     ]
     got = {r["case"]: r for r in ratios(rows)}
     assert got["dsa"] == {"case": "dsa", "variant": "fused", "against": "upstream tilelang", "speedup": 5.0, "memory_ratio": 2.0}
-    assert got["ngram"]["speedup"] == 3.0 and got["ngram"]["memory_ratio"] == 3.0
+    assert got["moe"]["speedup"] == 3.0 and got["moe"]["memory_ratio"] == 3.0
     assert "alone" not in got  # no baseline measured, no ratio invented
 
 

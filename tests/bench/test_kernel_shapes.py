@@ -28,10 +28,6 @@ def test_kernel_shapes_are_the_presets_fields(preset: str) -> None:
         num_experts=config.moe.num_experts,
         expert_topk=config.moe.topk,
         expert_ffn=config.moe.expert_ffn,
-        ngram_orders=config.ngram.orders,
-        ngram_heads=config.ngram.heads,
-        ngram_table_size=config.ngram.table_size,
-        ngram_embed_dim=config.ngram.embed_dim,
         mamba_heads=config.mamba.expand * config.hidden_size // config.mamba.head_dim,
         mamba_a_floor=MAMBA3_A_FLOOR,
     )
@@ -43,7 +39,6 @@ def test_the_suite_measures_nam56r_at_the_sizes_it_always_has() -> None:
     assert (shapes.seq_length, shapes.hidden_size, shapes.vocab_size, shapes.mtp_depths) == (4096, 4096, 131072, 2)
     assert (shapes.indexer_heads, shapes.indexer_head_dim, shapes.dsa_topk) == (32, 64, 256)
     assert (shapes.num_experts, shapes.expert_topk, shapes.expert_ffn) == (16, 4, 896)
-    assert (shapes.ngram_orders, shapes.ngram_heads, shapes.ngram_table_size, shapes.ngram_embed_dim) == ((2, 3), 8, 500_000, 16)
     assert (shapes.mamba_heads, shapes.mamba_a_floor) == (128, 1e-4)
 
 
@@ -63,7 +58,7 @@ def test_an_unknown_preset_is_refused_with_the_known_ones() -> None:
 def test_the_sweep_is_the_micro_batches_and_tokens_the_case_names_carry() -> None:
     assert kernel_sweep(quick=False) == FULL_SWEEP and kernel_sweep(quick=True) == QUICK_SWEEP
     assert (FULL_SWEEP.dsa_score_batches, FULL_SWEEP.dsa_topk_batch, FULL_SWEEP.moe_tokens) == ((1, 8), 8, 32768)
-    assert (FULL_SWEEP.ce_batch, FULL_SWEEP.ngram_batch, FULL_SWEEP.mamba_batch) == (8, 8, 8)
+    assert (FULL_SWEEP.ce_batch, FULL_SWEEP.mamba_batch) == (8, 8)
     assert all(getattr(QUICK_SWEEP, f.name) <= getattr(FULL_SWEEP, f.name) for f in fields(QUICK_SWEEP) if f.name != "dsa_score_batches")
 
 

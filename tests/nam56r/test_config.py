@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from nam56r.model.config import Mamba3Config, MoEConfig
+from nam56r.model.config import Mamba3Config, ModelConfig, MoEConfig
 from nam56r.model.presets import PRESETS, get_preset
 
 
@@ -48,3 +48,12 @@ def test_unknown_preset_names_the_known_ones() -> None:
 def test_inconsistent_sizes_are_rejected(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         replace(get_preset("nam56r"), **change).validate()
+
+
+def test_a_model_config_naming_an_ngram_kernel_is_refused() -> None:
+    """The n-gram embedding has one path (embedding + linear) and no `ngram.kernel` field: a model config
+    file that names one is refused with the field, not loaded as if it were not there."""
+    data = get_preset("nam56r-tiny").to_dict()
+    data["ngram"]["kernel"] = "reference"
+    with pytest.raises(ValueError, match=r"unknown NgramHashConfig fields \['kernel'\]"):
+        ModelConfig.from_dict(data)
