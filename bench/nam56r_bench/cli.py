@@ -33,9 +33,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", action="append", choices=sorted(RECIPES), dest="models", default=[],
                         help="a model the training suites (train-step, microbatch) run; repeat for several "
                              "(default: both, the proxy alone with --quick)")
+    parser.add_argument("--mbs", action="append", type=_positive_int, dest="micro_batches", default=[],
+                        help="a micro-batch size the train-step suite runs each model at (global batch = micro-batch, "
+                             "one GPU); repeat for several (default: each recipe's own)")
     parser.add_argument("--cache", type=Path, help="the artifact cache the tooling suite fills and builds from "
                         "(default: the patch lane's, ~/.cache/nam56r-patchlane/artifacts)")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
 
 
 def _has_gpu() -> bool:
@@ -70,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{suite.name}: not run, needs a CUDA GPU (an H100/H200) and none is visible here")
         chosen = [s for s in chosen if not s.needs_gpu]
     host = stamp()
-    ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)), cache=args.cache)
+    ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)), cache=args.cache,
+                  micro_batches=tuple(dict.fromkeys(args.micro_batches)))
     failed = []
     for suite in chosen:
         print(f"== {suite.name}: {suite.summary}", flush=True)

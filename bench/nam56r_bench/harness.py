@@ -40,6 +40,7 @@ class Context:
     quick: bool  # fewer repetitions and smaller sweeps (a smoke run, not a result)
     models: tuple[str, ...] = ()  # the training suites' models (nam56r_bench.training_suites.RECIPES keys); () = the suite's default
     cache: Path | None = None  # the tooling suite's artifact cache; None = the patch lane's default
+    micro_batches: tuple[int, ...] = ()  # the train-step suite's micro-batch sizes; () = each recipe's own
 
 
 @dataclass(frozen=True)

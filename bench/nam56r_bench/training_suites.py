@@ -2,7 +2,8 @@
 
 - ``train-step``: the proxy recipe and the full NAM56R on one GPU: tokens/s/GPU, TFLOP/s/GPU (nam56r.model.flops'
   formula, the run's steady-state window), MFU against a bf16 GEMM peak measured in the same run, peak
-  memory, and the top kernels by CUDA time from a PyTorch-profiler trace of the proxy's steps 20-22.
+  memory, and, from a PyTorch-profiler trace of the proxy's steps 20-22, the top-10 kernels by CUDA time with
+  their share of the step and the GPU-idle share (`nam56r_bench.profile_trace`).
 - ``microbatch``: the largest micro-batch that trains 3 steps at sequence 4096, proxy and full, on each memory
   path of the LM head and MTP heads in the same build: Megatron patches 0007/0008's fused linear CE (the
   recipes' default) and upstream's logits + cross-entropy (`--fused-linear-ce off`).
@@ -14,7 +15,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -22,13 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from nam56r.training.run_dir import RunDir
 from nam56r.training.runlog import headline
 from nam56r_bench.harness import BenchError, Context, Row, cuda_time_ms, require_gpu
+from nam56r_bench.profile_trace import profile_breakdown
 
 # The full NAM56R on one GPU: the 8-GPU bf16 recipe, one GPU, no expert parallelism.
 RECIPES = {"proxy": ["--recipe", "proxy-1gpu"], "nam56r": ["--recipe", "h200x8-bf16", "--gpus-per-node", "1", "--ep", "1"]}
@@ -85,52 +85,42 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
     return {"exit": code, "wall_s": time.perf_counter() - start, "first_step_s": first_step_s, "summary": summary, "tail": tail}
 
 
-def top_kernels(trace_root: Path, count: int = 5) -> list[dict]:
-    """The `count` CUDA kernels with the most total time in the PyTorch-profiler traces under `trace_root`."""
-    totals: Counter[str] = Counter()
-    calls: Counter[str] = Counter()
-    traces = sorted(trace_root.rglob("*.pt.trace.json*"))
-    if not traces:
-        raise BenchError(f"no PyTorch profiler trace under {trace_root}")
-    for path in traces:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:
-            events = json.load(f).get("traceEvents", [])
-        for event in events:
-            if event.get("cat") == "kernel" and "dur" in event:
-                totals[event["name"]] += event["dur"]
-                calls[event["name"]] += 1
-    grand = sum(totals.values()) or 1
-    return [
-        {"kernel": name[:160], "total_ms": us / 1e3, "share": us / grand, "calls": calls[name]}
-        for name, us in totals.most_common(count)
-    ]
-
-
 def train_step(ctx: Context) -> list[Row]:
     require_gpu("train-step")
     peak = gemm_peak_tflops()
     rows = []
     steps = 12 if ctx.quick else 25
-    profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-train-") as tmp:
         for recipe in models(ctx):
-            run_dir = Path(tmp) / recipe
-            result = train(recipe, run_dir, mbs=None, steps=steps, extra=profile if recipe == "proxy" and not ctx.quick else ())
-            extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"]}
-            summary = result["summary"]
-            if summary is None:
-                rows.append(Row(f"{recipe} 1 GPU", "patched", extra={**extra, "error": "\n".join(result["tail"][-15:])}))
-                continue
-            figures, medians = headline(summary), summary["median_over_window"]
-            tflops = figures.tflops_per_s_per_gpu
-            extra.update(tokens_per_s_per_gpu=figures.tokens_per_s_per_gpu, tflops_per_s_per_gpu=tflops, mfu=tflops / peak,
-                         window=summary["window"], global_batch_size=medians["global_batch_size"], losses=summary["losses"])
-            if recipe == "proxy" and not ctx.quick:
-                extra["top_kernels"] = top_kernels(run_dir)
-            rows.append(Row(f"{recipe} 1 GPU", "patched", time_ms=medians["iteration_time_s"] * 1e3,
-                            peak_extra_bytes=summary["peak_memory"]["bytes"], extra=extra))
+            for mbs in ctx.micro_batches or (None,):
+                rows.append(_train_step_row(recipe, mbs, Path(tmp) / f"{recipe}-mbs{mbs or 'recipe'}", steps, peak, ctx))
     return rows
+
+
+def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, peak: float, ctx: Context) -> Row:
+    """One train-step row: a run of `steps` at micro-batch `mbs` (None: the recipe's), profiled for the proxy."""
+    profiled = recipe == "proxy" and not ctx.quick
+    profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
+    result = train(recipe, run_dir, mbs=mbs, steps=steps, extra=profile if profiled else ())
+    case = f"{recipe} 1 GPU" + (f" mbs {mbs}" if mbs else "")
+    extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"]}
+    summary = result["summary"]
+    if summary is None:
+        return Row(case, "patched", extra={**extra, "error": "\n".join(result["tail"][-15:])})
+    figures, medians = headline(summary), summary["median_over_window"]
+    tflops = figures.tflops_per_s_per_gpu
+    extra.update(tokens_per_s_per_gpu=figures.tokens_per_s_per_gpu, tflops_per_s_per_gpu=tflops, mfu=tflops / peak,
+                 window=summary["window"], global_batch_size=medians["global_batch_size"], losses=summary["losses"])
+    print(f"[train-step] {case}: {tflops:.1f} TFLOP/s/GPU, {figures.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+          f"peak {figures.peak_memory_gib:.1f} GiB", flush=True)
+    if profiled:
+        # The step figures stand on their own: a missing trace is reported in the row, not a lost run.
+        try:
+            extra["profile"] = profile_breakdown(RunDir(run_dir).torch_profile)
+        except BenchError as exc:
+            extra["error"] = f"profile: {exc}"
+    return Row(case, "patched", time_ms=medians["iteration_time_s"] * 1e3, peak_extra_bytes=summary["peak_memory"]["bytes"],
+               extra=extra)
 
 
 # The memory paths the microbatch suite compares in one build: the recipes' default, and upstream's logits +
@@ -147,12 +137,23 @@ def microbatch(ctx: Context) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-mbs-") as tmp:
         for recipe in models(ctx):
             for side, (variant, options) in enumerate(CE_PATHS.items()):
-                def try_mbs(mbs: int, recipe: str = recipe, side: int = side, options: tuple[str, ...] = options) -> dict:
-                    return train(recipe, Path(tmp) / f"{recipe}-ce{side}-mbs{mbs}", mbs=mbs, steps=3, options=options)
+                def try_mbs(mbs: int, recipe: str = recipe, side: int = side, variant: str = variant,
+                            options: tuple[str, ...] = options) -> dict:
+                    result = train(recipe, Path(tmp) / f"{recipe}-ce{side}-mbs{mbs}", mbs=mbs, steps=3, options=options)
+                    print(f"[microbatch] {recipe} · {variant} · mbs {mbs}: {describe_attempt(_attempt(result))}", flush=True)
+                    return result
 
                 fits, tried = largest_micro_batch(try_mbs, quick=ctx.quick)
                 rows.append(Row(f"{recipe} seq 4096", variant, extra={"largest_micro_batch": fits, "tried": tried}))
     return rows
+
+
+def describe_attempt(attempt: dict) -> str:
+    """One line for a micro-batch try: what it reached, or the line that stopped it."""
+    if "error" in attempt:
+        return f"exit {attempt['exit']}: {attempt['error'].splitlines()[-1][:200]}"
+    return (f"trains, peak {attempt['peak_memory_gib']:.1f} GiB, {attempt['tflops_per_s_per_gpu']:.1f} TFLOP/s/GPU, "
+            f"first step after {attempt['first_step_s'] or float('nan'):.0f} s")
 
 
 def largest_micro_batch(try_mbs: Callable[[int], dict], *, quick: bool = False, limit: int = 64) -> tuple[int, dict[int, dict]]:

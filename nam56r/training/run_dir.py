@@ -38,6 +38,12 @@ class RunDir:
         return self.path / "tensorboard"
 
     @property
+    def torch_profile(self) -> Path:
+        """Megatron's PyTorch-profiler traces (`--use-pytorch-profiler`): `rank-<r>.json.gz`, which it writes to
+        `<--tensorboard-dir>/../torch_profile`, i.e. here beside `tensorboard`."""
+        return self.tensorboard.parent / "torch_profile"
+
+    @property
     def dataset_cache(self) -> Path:
         """Megatron's dataset index cache, kept here since the data may be read-only."""
         return self.path / "dataset-cache"

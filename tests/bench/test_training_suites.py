@@ -1,36 +1,91 @@
 """nam56r_bench.training_suites: the users' training command each run takes, the models a suite runs, what a
-micro-batch try reports, and the top kernels read from profiler traces."""
+micro-batch try reports, and the top kernels read from profiler traces, and where Megatron writes them."""
 
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import json
 from pathlib import Path
 
 import pytest
-from nam56r_bench.harness import Context
-from nam56r_bench.training_suites import CE_PATHS, _attempt, largest_micro_batch, models, top_kernels, train_command
+from nam56r_bench.harness import BenchError, Context
+from nam56r_bench.profile_trace import TRACE_GLOB, profile_breakdown
+from nam56r_bench.training_suites import CE_PATHS, _attempt, describe_attempt, largest_micro_batch, models, train_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_top_kernels_sums_cuda_kernel_time_across_traces(tmp_path: Path) -> None:
-    def trace(name: str, events: list[dict], zipped: bool) -> None:
-        payload = json.dumps({"traceEvents": events})
-        path = tmp_path / "tb" / name
-        path.parent.mkdir(exist_ok=True)
-        if zipped:
-            with gzip.open(path, "wt") as f:
-                f.write(payload)
-        else:
-            path.write_text(payload)
+def _write_trace(path: Path, events: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
 
-    trace("a.pt.trace.json", [{"cat": "kernel", "name": "gemm", "dur": 300}, {"cat": "cpu_op", "name": "aten::mm", "dur": 900},
-                              {"cat": "kernel", "name": "softmax", "dur": 100}], zipped=False)
-    trace("b.pt.trace.json.gz", [{"cat": "kernel", "name": "gemm", "dur": 200}, {"cat": "kernel", "name": "copy", "dur": 50}], zipped=True)
-    top = top_kernels(tmp_path, count=2)
-    assert [(k["kernel"], k["total_ms"], k["calls"]) for k in top] == [("gemm", 0.5, 2), ("softmax", 0.1, 1)]
-    assert abs(top[0]["share"] - 500 / 650) < 1e-9
+
+def test_profile_breakdown_ranks_kernels_and_counts_gpu_idle_time(tmp_path: Path) -> None:
+    # Two profiled steps over 1000 us; kernels on two streams overlap (counted once as busy); one kernel and
+    # one memcpy fall outside the steps.
+    steps = [{"name": "ProfilerStep#20", "cat": "user_annotation", "ts": 0, "dur": 500},
+             {"name": "ProfilerStep#21", "cat": "user_annotation", "ts": 500, "dur": 500}]
+    gpu = [{"cat": "kernel", "name": "gemm", "ts": 0, "dur": 300}, {"cat": "kernel", "name": "softmax", "ts": 200, "dur": 200},
+           {"cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 600, "dur": 100}, {"cat": "kernel", "name": "gemm", "ts": 800, "dur": 100},
+           {"cat": "kernel", "name": "late", "ts": 5000, "dur": 100}, {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 900}]
+    _write_trace(tmp_path / "rank-0.json.gz", steps + gpu)
+    out = profile_breakdown(tmp_path, count=2)
+    assert (out["steps"], out["step_ms"]) == (2, 0.5)
+    assert abs(out["gpu_busy_share"] - 0.6) < 1e-9 and abs(out["gpu_idle_share"] - 0.4) < 1e-9  # [0,400) + [600,700) + [800,900)
+    assert [(k["kernel"], k["total_ms"], k["calls"]) for k in out["top_kernels"]] == [("gemm", 0.4, 2), ("softmax", 0.2, 1)]
+    assert abs(out["top_kernels"][0]["share_of_step"] - 0.4) < 1e-9 and abs(out["kernel_share"] - 0.6) < 1e-9
+
+
+def test_profile_breakdown_names_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(BenchError, match=r"no PyTorch profiler trace \(rank-\*\.json\.gz\)"):
+        profile_breakdown(tmp_path)
+    _write_trace(tmp_path / "rank-0.json.gz", [{"cat": "kernel", "name": "gemm", "ts": 0, "dur": 5}])
+    with pytest.raises(BenchError, match="no ProfilerStep# annotation"):
+        profile_breakdown(tmp_path)
+
+
+def test_profile_breakdown_reads_a_real_profiler_trace_written_as_megatron_writes_it(tmp_path: Path) -> None:
+    """torch.profiler with Megatron's schedule and export (`export_chrome_trace` to rank-<r>.json.gz): the steps
+    are found; on CPU the trace has no CUDA kernel, which is said."""
+    import torch
+
+    def trace_handler(p: torch.profiler.profile) -> None:
+        p.export_chrome_trace(str(tmp_path / "rank-0.json.gz"))
+
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule, on_trace_ready=trace_handler) as prof:
+        for _ in range(5):
+            torch.randn(64, 64) @ torch.randn(64, 64)
+            prof.step()
+    with pytest.raises(BenchError, match="holds no CUDA kernel in its profiled steps"):
+        profile_breakdown(tmp_path)
+
+
+def test_the_trace_directory_is_where_megatron_writes_for_our_flags(megatron_built) -> None:
+    """Megatron's train() (the pinned source) writes its PyTorch-profiler trace to a path made from
+    --tensorboard-dir; with the flags our launcher passes, that path is RunDir.torch_profile."""
+    import inspect
+    import re
+
+    from megatron.training import training
+
+    from nam56r.training.data_dir import DataDir
+    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags
+    from nam56r.training.recipe import get_recipe
+    from nam56r.training.run_dir import RunDir
+
+    source = inspect.getsource(training.train)
+    directory = re.search(r'profile_dir = Path\(f"\{args\.tensorboard_dir\}([^"]*)"\)', source)
+    assert directory and 'export_chrome_trace(f"{profile_dir}/rank-{torch.distributed.get_rank()}.json.gz")' in source
+    recipe, data = get_recipe("proxy-1gpu"), DataDir(Path("/data"))
+    argv = megatron_flags(recipe, recipe.model_config(), DataPaths(data.train_prefix, data.valid_prefix, data.tokenizer_dir),
+                          RunPaths(Path("/runs/r"), None, None), "local")
+    tensorboard_dir = argv[argv.index("--tensorboard-dir") + 1]
+    written = Path(tensorboard_dir + directory.group(1))
+    assert written.resolve() == RunDir(Path("/runs/r")).torch_profile.resolve()
+    assert fnmatch.fnmatch("rank-0.json.gz", TRACE_GLOB)
 
 
 @pytest.mark.parametrize("recipe", ["proxy", "nam56r"])
@@ -53,12 +108,16 @@ def test_a_micro_batch_try_reads_a_real_run_summary() -> None:
     assert tried == {"exit": 0, "peak_memory_gib": summary["peak_memory"]["gib"],
                      "tflops_per_s_per_gpu": summary["median_over_window"]["tflops_per_s_per_gpu"], "first_step_s": 202.0}
     assert 60 < tried["peak_memory_gib"] < 70
+    line = describe_attempt(tried)
+    assert line.startswith(f"trains, peak {tried['peak_memory_gib']:.1f} GiB, ") and line.endswith("first step after 202 s")
 
 
 def test_a_micro_batch_try_that_ran_out_of_memory_says_so() -> None:
     tail = ["[default0]: step 1", "[default0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB", "exit"]
     assert _attempt({"exit": 1, "summary": None, "first_step_s": None, "tail": tail}) == {
         "exit": 1, "error": "[default0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"}
+    assert describe_attempt(_attempt({"exit": 1, "summary": None, "first_step_s": None, "tail": tail})) == (
+        "exit 1: [default0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB")
 
 
 def test_model_option_picks_the_training_suites_models(tmp_path: Path) -> None:
