@@ -8,8 +8,9 @@ are named constants below, each saying where it comes from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from nam56r.model.config import ModelConfig
 from nam56r.model.presets import get_preset
 
 KERNEL_PRESET = "nam56r"  # the suite measures the model we train (the proxy has the same widths, fewer layers)
@@ -67,12 +68,22 @@ class KernelSweep:
     ce_batch: int  # `lm-head ce` / `mtp ce`: sequences through the output layer
     moe_tokens: int  # `moe experts (N tokens)`: tokens routed, each to expert_topk experts
     mamba_batch: int  # `mamba3 adt region mb{b}`
+    dsa_layer_batch: int  # `dsa layer(s) fwd+bwd seq{seq} mb{b}`
 
 
-FULL_SWEEP = KernelSweep(dsa_score_batches=(1, 8), dsa_topk_batch=8, ce_batch=8, moe_tokens=32768, mamba_batch=8)
-QUICK_SWEEP = KernelSweep(dsa_score_batches=(1,), dsa_topk_batch=1, ce_batch=2, moe_tokens=8192, mamba_batch=8)
+FULL_SWEEP = KernelSweep(dsa_score_batches=(1, 8), dsa_topk_batch=8, ce_batch=8, moe_tokens=32768, mamba_batch=8, dsa_layer_batch=1)
+QUICK_SWEEP = KernelSweep(dsa_score_batches=(1,), dsa_topk_batch=1, ce_batch=2, moe_tokens=8192, mamba_batch=8, dsa_layer_batch=1)
 
 
 def kernel_sweep(quick: bool) -> KernelSweep:
     """The full run's sizes, or `--quick`'s smaller ones (a smoke run, not a result)."""
     return QUICK_SWEEP if quick else FULL_SWEEP
+
+
+def dsa_layer_config(preset: str, indexer: str, index_cache: bool) -> ModelConfig:
+    """The model of the `dsa layer` cases: the preset's, with the DSA indexer path (`DSAConfig.indexer`) and
+    IndexCache set; every size, the kernel backend and the loss are the preset's."""
+    config = get_preset(preset)
+    return replace(
+        config, dsa=replace(config.dsa, indexer=indexer), index_cache=replace(config.index_cache, enabled=index_cache)
+    ).validate()

@@ -11,6 +11,12 @@ Cases (each size by the ModelConfig field it is read from):
 - ``dsa-topk mb8``: top-(dsa.topk) causal selection: patch 0002's scores + ``torch.topk``, TileLang's
   indexer + ``torch.topk`` (``lighting_indexer_indices``), the fused scores + ``torch.topk``, the
   fused scores + exact per-query select (``index_topk_fused``).
+- ``dsa layer fwd+bwd seq{seq} mb1``: one of NAM56R's DSA layers (input norm, absorbed MLA, indexer, sparse MLA,
+  indexer loss; nam56r.model.model.build_dsa_layers, the model's spec on the recipe backend), forward+backward
+  in training mode: Megatron's indexer (``DSAConfig.indexer="megatron"``, with the preset's
+  dsa.kernel_backend: TileLang's indexer+loss) vs the fused top-k with the sparse loss on the selected keys
+  (``"fused"``); the sparse MLA is Megatron's TileLang one in both. ``dsa layers ... IndexCache``: the first
+  IndexCache group (1 Full + index_cache.share_group - 1 Shared layers), one after another.
 - ``lm-head ce`` / ``mtp ce``: output layer + cross-entropy forward+backward at vocab_size: logits then
   fp32 cross-entropy (core_v0.19.0) vs Megatron patch 0007/0008's chunked fused linear CE (one MTP depth).
 - ``moe experts``: 32k tokens, top-(moe.topk) of moe.num_experts experts of FFN moe.expert_ffn,
@@ -26,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nam56r_bench.harness import ROOT, Context, Row, cuda_peak_extra_bytes, cuda_time_ms, require_gpu
-from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, kernel_shapes, kernel_sweep
+from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, dsa_layer_config, kernel_shapes, kernel_sweep
 
 
 def _measure(case: str, variant: str, fn: Callable[[], object], ctx: Context, reference=None, **extra) -> tuple[Row, object]:
@@ -180,6 +186,68 @@ def _dsa_topk_case(batch: int, base: _DsaBaselines, ctx: Context) -> list[Row]:
     return rows
 
 
+DSA_LAYER_VARIANTS = {"megatron": "upstream (Megatron's indexer, dsa_kernel_backend={backend})", "fused": "fused top-k + sparse loss"}
+
+
+def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
+    import torch
+
+    from nam56r.model.model import build_dsa_layers
+    from nam56r.model.specs import resolve_backend
+
+    batch, seq, backend = sweep.dsa_layer_batch, shapes.seq_length, resolve_backend("auto")
+    rows = []
+    for index_cache in (False, True):
+        share_group = dsa_layer_config(shapes.preset, "megatron", index_cache).index_cache.share_group
+        case = (f"dsa layers fwd+bwd seq{seq} mb{batch}, IndexCache 1 Full + {share_group - 1} Shared" if index_cache
+                else f"dsa layer fwd+bwd seq{seq} mb{batch}")
+        reference, weights = None, None
+        for indexer, variant in DSA_LAYER_VARIANTS.items():
+            config = dsa_layer_config(shapes.preset, indexer, index_cache)
+            built = build_dsa_layers(config, backend, device="cuda", params_dtype=torch.bfloat16)
+            layers = [built.layers[n] for n in sorted(built.layers)[: share_group if index_cache else 1]]
+            if weights is None:
+                weights = [layer.state_dict() for layer in layers]
+            for layer, state in zip(layers, weights, strict=True):
+                layer.load_state_dict(state)
+                layer.train()
+            row, result = _measure(case, variant.format(backend=config.dsa.kernel_backend), _dsa_layers_step(built, layers, batch, seq),
+                                   ctx, reference=reference)
+            rows.append(row)
+            reference = reference if reference is not None else result
+            del built, layers, result
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _dsa_layers_step(built, layers: list, batch: int, seq: int) -> Callable[[], tuple]:
+    """Forward+backward of `layers` in order on fixed hidden states in the layers' dtype and device (a new
+    IndexCache pass each time): (output, the input's gradient)."""
+    import torch
+
+    params = [p for layer in layers for p in layer.parameters()]
+    device, dtype = params[0].device, params[0].dtype
+    g = torch.Generator(device=device).manual_seed(0)
+    hidden = layers[0].config.hidden_size
+    x = torch.randn(seq, batch, hidden, device=device, generator=g).to(dtype).requires_grad_()
+    grad_out = torch.randn(seq, batch, hidden, device=device, generator=g).to(dtype)
+
+    def step() -> tuple:
+        x.grad = None
+        for p in params:
+            p.grad = None
+        if built.topk_cache is not None:
+            built.topk_cache.begin_forward()
+        h = x
+        for layer in layers:
+            out = layer(h, attention_mask=None)
+            h = out[0] if isinstance(out, tuple) else out
+        h.backward(grad_out)
+        return h.detach(), x.grad
+
+    return step
+
+
 def cross_entropy_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
     import torch
     from megatron.core.fusions.fused_linear_cross_entropy import fused_linear_cross_entropy
@@ -257,10 +325,13 @@ def mamba_region_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) ->
                            compile_s=round(compile_s, 2))[0]]
 
 
+CASES = (dsa_cases, dsa_layer_cases, cross_entropy_cases, moe_case, mamba_region_case)  # in the order they run
+
+
 def run(ctx: Context) -> list[Row]:
     require_gpu("kernels")
     shapes, sweep = kernel_shapes(), kernel_sweep(ctx.quick)
     rows: list[Row] = []
-    for cases in (dsa_cases, cross_entropy_cases, moe_case, mamba_region_case):
+    for cases in CASES:
         rows += cases(ctx, shapes, sweep)
     return rows

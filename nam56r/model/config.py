@@ -47,6 +47,14 @@ class DSAConfig:
     # this sparse loss and none for the dense one (over all causal keys), which under strict fused
     # paths declines with an error; the dense loss would also cost more than the sparse attention.
     sparse_indexer_loss: bool = True
+    # How a DSA layer that computes its top-k selects it and trains its indexer. "megatron": Megatron's
+    # DSAttention (with kernel_backend="tilelang", its TileLang indexer writes fp32 logits for every key, then
+    # torch.topk). "fused": our Triton scores + exact top-k (nam56r_kernels.dsa_indexer.index_topk_fused), which
+    # writes one sequence's fp32 [sq, sk] scores at a time, and the sparse indexer loss on the selected pairs only
+    # (nam56r.model.dsa_fused_indexer); CUDA tensors only, sparse loss only. The sparse MLA is Megatron's
+    # either way. Megatron's stays the default until `nox -s bench -- kernels` (case "dsa layer fwd+bwd")
+    # measures the fused layer faster on a GPU.
+    indexer: Literal["megatron", "fused"] = "megatron"
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,13 @@ class ModelConfig:
             problems.append(f"moe.topk {self.moe.topk} exceeds moe.num_experts {self.moe.num_experts}")
         if self.dsa.topk < 1:
             problems.append(f"dsa.topk {self.dsa.topk} must be positive")
+        if self.dsa.indexer not in ("megatron", "fused"):
+            problems.append(f"dsa.indexer {self.dsa.indexer!r} must be 'megatron' or 'fused'")
+        elif self.dsa.indexer == "fused" and not self.dsa.sparse_indexer_loss:
+            problems.append(
+                "dsa.indexer 'fused' trains the indexer with the sparse loss only (the dense one needs gradients at every "
+                "causal key); set dsa.sparse_indexer_loss=True or dsa.indexer='megatron'"
+            )
         if self.full_attention_every < 1:
             problems.append(f"full_attention_every {self.full_attention_every} must be positive")
         if self.index_cache.share_group < 1:

@@ -7,9 +7,10 @@ explicit (`IndexCachePlan`: 3 Full + 6 Shared of the 9 DSA layers) and every DSA
 indexer, so a Shared layer without a valid entry for this forward pass computes its own top-k and
 says so once, instead of reusing a stale or wrong-shaped one.
 
-Each forward the model calls `TopkCache.begin_forward()`. Full layers run Megatron's DSA with its
-holder on and store their top-k; Shared layers find the entry valid (same pass, rows, batch,
-device) and run Megatron's skip branch with exactly that tensor.
+Each forward the model calls `TopkCache.begin_forward()`. Full layers compute their top-k with the
+holder on (Megatron's indexer, or the fused one with `DSAConfig.indexer="fused"`,
+`nam56r.model.dsa_fused_indexer`) and store it; Shared layers find the entry valid (same pass,
+rows, batch, device) and run Megatron's skip branch with exactly that tensor.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ from __future__ import annotations
 import logging
 
 import torch
-from megatron.core.transformer.experimental_attention_variant.dsa import DSAttention
 from nam56r_kernels.index_cache import IndexCachePlan, TopkCache
+
+from nam56r.model.dsa_fused_indexer import FusedIndexerDSAttention
 
 logger = logging.getLogger(__name__)
 
 
-class IndexCacheDSAttention(DSAttention):
-    """DSAttention that consults `plan` and `cache`; with plan=None it is Megatron's DSAttention."""
+class IndexCacheDSAttention(FusedIndexerDSAttention):
+    """DSAttention that consults `plan` and `cache`; with plan=None every layer computes its own top-k
+    (through the indexer its `indexer` argument names, `FusedIndexerDSAttention`)."""
 
     def __init__(self, *args, plan: IndexCachePlan | None = None, cache: TopkCache | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -1,9 +1,10 @@
 """The shapes NAM56R's fused kernels take, checked on a `ModelConfig` before anything launches.
 
 With `dsa.kernel_backend="tilelang"` every DSA layer runs Megatron's fused TileLang indexer+loss and
-sparse MLA with declines made errors (`dsa_strict_fused_paths`, Megatron patch 0004), and with
-`mamba.mimo` every Mamba-3 layer runs mamba_ssm's MIMO TileLang kernels. Both refuse unsupported
-shapes only when the first layer runs on a GPU, minutes into a launch. `fused_kernel_violations`
+sparse MLA with declines made errors (`dsa_strict_fused_paths`, Megatron patch 0004), or, with
+`dsa.indexer="fused"`, the fused Triton top-k (`nam56r_kernels.dsa_indexer`) in place of the TileLang
+indexer+loss; with `mamba.mimo` every Mamba-3 layer runs mamba_ssm's MIMO TileLang kernels. All refuse
+unsupported shapes only when the first layer runs on a GPU, minutes into a launch. `fused_kernel_violations`
 names every such shape of a config up front; the preflight and `Recipe.check()` report it.
 
 Megatron's own predicates decide wherever it has them (the indexer backward's head counts, the
@@ -45,6 +46,8 @@ def fused_kernel_violations(config: ModelConfig) -> list[str]:
     problems: list[str] = []
     if config.dsa.kernel_backend == "tilelang":
         problems += dsa_violations(config)
+    if config.dsa.indexer == "fused":
+        problems += fused_indexer_violations(config)
     if config.mamba.mimo:
         problems += mamba3_mimo_violations(config)
     return problems
@@ -75,11 +78,13 @@ def dsa_violations(config: ModelConfig) -> list[str]:
     topk = effective_topk(config)
     topk_text = f"top-k {topk}" + ("" if topk == dsa.topk else f" (dsa.topk {dsa.topk} capped by seq_length {config.seq_length})")
     problems = []
-    if not dsa.sparse_indexer_loss:
+    # With dsa.indexer="fused" the TileLang indexer+loss kernels are not called (fused_indexer_violations).
+    uses_loss_kernels = dsa.indexer == "megatron"
+    if uses_loss_kernels and not dsa.sparse_indexer_loss:
         problems.append(
             f"{loss_path}: the dense indexer loss (dsa.sparse_indexer_loss=False) has no fused kernel; set dsa.sparse_indexer_loss=True"
         )
-    if not is_supported_indexer_bwd_head_count(dsa.indexer_heads):
+    if uses_loss_kernels and not is_supported_indexer_bwd_head_count(dsa.indexer_heads):
         supported = [h for h in range(1, 513) if is_supported_indexer_bwd_head_count(h)]
         problems.append(
             f"{loss_path}: indexer heads {dsa.indexer_heads} unsupported by the TileLang indexer backward "
@@ -100,7 +105,25 @@ def dsa_violations(config: ModelConfig) -> list[str]:
         )
     if topk % SPARSE_MLA_TOPK_MULTIPLE:
         problems.append(f"{mla_path}: {topk_text} is not a multiple of {SPARSE_MLA_TOPK_MULTIPLE}; change dsa.topk or seq_length")
-    problems += [f"{loss_path}: {p}" for p in _indexer_loss_kernel_problems(config, topk_text)]
+    if uses_loss_kernels:
+        problems += [f"{loss_path}: {p}" for p in _indexer_loss_kernel_problems(config, topk_text)]
+    return problems
+
+
+FUSED_INDEXER_PATH = "fused DSA indexer (nam56r_kernels.dsa_indexer.index_topk_fused)"
+
+
+def fused_indexer_violations(config: ModelConfig) -> list[str]:
+    """The fused top-k's contract (`nam56r_kernels.dsa_indexer`) on `config`'s indexer shapes."""
+    from nam56r_kernels.dsa_indexer import MAX_SELECT_KEYS
+
+    dim = config.dsa.indexer_head_dim
+    problems = []
+    if dim < 16 or dim & (dim - 1):
+        problems.append(f"{FUSED_INDEXER_PATH}: dsa.indexer_head_dim {dim} is not a power of two >= 16 (a tensor-core tile)")
+    if config.seq_length > MAX_SELECT_KEYS:
+        problems.append(f"{FUSED_INDEXER_PATH}: seq_length {config.seq_length} exceeds the {MAX_SELECT_KEYS} keys per query its select "
+                        "holds in registers; use dsa.indexer='megatron'")
     return problems
 
 

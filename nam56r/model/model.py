@@ -4,7 +4,8 @@
 outside training, from the architecture table (`nam56r.model.megatron_fields`) the training flags
 come from too; `build_model` builds the whole model (on the meta device for counting,
 on a GPU for training) from the pattern translation (`nam56r.model.pattern`) and the specs
-(`nam56r.model.specs`).
+(`nam56r.model.specs`); `build_dsa_layers` builds its DSA layers alone, from the same spec (the DSA
+layer tests and bench).
 """
 
 from __future__ import annotations
@@ -193,30 +194,11 @@ def build_model(
     the device (initialization, dispatcher, DSA kernels). `pre_process`/`post_process`: this
     pipeline stage holds the embedding / the output head. `seed`: seeds the model-parallel CUDA RNG
     of a "cuda" build only where nothing seeded it yet (`seed_model_parallel_rng`)."""
-    if device not in ("meta", "cpu", "cuda"):
-        raise ValueError(f"device must be 'meta', 'cpu' or 'cuda', got {device!r}")
     layout = layout_of(config)
     check_translation(layout)
     plan = index_cache_plan(config, layout)
     cache = TopkCache() if plan is not None else None
-    mcfg = megatron_cfg if megatron_cfg is not None else megatron_config(config, params_dtype=params_dtype, meta=device == "meta")
-    if backend == "local" and (problems := local_backend_problems(mcfg)):
-        raise ValueError("the local backend cannot build this Megatron config:\n  " + "\n  ".join(problems))
-    pg_collection = pg_collection or single_process_groups("nccl" if device == "cuda" else "gloo")
-    if device == "cuda":
-        seed_model_parallel_rng(seed, pg_collection)
-        mcfg.use_cpu_initialization = False
-        # Set after construction: Megatron validates the backend against a visible CUDA device.
-        mcfg.dsa_kernel_backend = config.dsa.kernel_backend
-        mcfg.dsa_strict_fused_paths = config.dsa.kernel_backend != "none"
-    else:
-        # Parameters in host memory (initialized by torch's CPU generator), or none at all on meta.
-        mcfg.use_cpu_initialization = True
-        if device == "meta":
-            mcfg.perform_initialization = False
-        # The all-to-all dispatcher opens a CUDA stream when built; dispatchers hold no parameters,
-        # so shape-level builds use the all-gather one.
-        mcfg.moe_token_dispatcher_type = "allgather"
+    mcfg, pg_collection = _runtime_megatron_config(config, backend, device, params_dtype, megatron_cfg, pg_collection, seed)
     spec = hybrid_stack_spec(config, backend, index_cache_plan=plan, topk_cache=cache)
     build_context = nullcontext() if device == "cuda" else cuda_buffers_on(device)
     with build_context, torch.device("meta") if device == "meta" else nullcontext():
@@ -242,3 +224,67 @@ def build_model(
         # the same: modules that allocate without a device (torch norms) start on the CPU.
         model.cuda(torch.cuda.current_device())
     return BuiltModel(model=model, layout=layout, backend=backend, index_cache_plan=plan)
+
+
+def _runtime_megatron_config(
+    config: ModelConfig,
+    backend: Backend,
+    device: str,
+    params_dtype: torch.dtype,
+    megatron_cfg: MLATransformerConfig | None,
+    pg_collection: ProcessGroupCollection | None,
+    seed: int,
+) -> tuple[MLATransformerConfig, ProcessGroupCollection]:
+    """The Megatron config a build on `device` uses (`megatron_cfg`, or one made from `config`), with its
+    runtime fields set for the device, and the process groups (a one-rank world where none is given)."""
+    if device not in ("meta", "cpu", "cuda"):
+        raise ValueError(f"device must be 'meta', 'cpu' or 'cuda', got {device!r}")
+    mcfg = megatron_cfg if megatron_cfg is not None else megatron_config(config, params_dtype=params_dtype, meta=device == "meta")
+    if backend == "local" and (problems := local_backend_problems(mcfg)):
+        raise ValueError("the local backend cannot build this Megatron config:\n  " + "\n  ".join(problems))
+    pg_collection = pg_collection or single_process_groups("nccl" if device == "cuda" else "gloo")
+    if device == "cuda":
+        seed_model_parallel_rng(seed, pg_collection)
+        mcfg.use_cpu_initialization = False
+        # Set after construction: Megatron validates the backend against a visible CUDA device.
+        mcfg.dsa_kernel_backend = config.dsa.kernel_backend
+        mcfg.dsa_strict_fused_paths = config.dsa.kernel_backend != "none"
+    else:
+        # Parameters in host memory (initialized by torch's CPU generator), or none at all on meta.
+        mcfg.use_cpu_initialization = True
+        if device == "meta":
+            mcfg.perform_initialization = False
+        # The all-to-all dispatcher opens a CUDA stream when built; dispatchers hold no parameters,
+        # so shape-level builds use the all-gather one.
+        mcfg.moe_token_dispatcher_type = "allgather"
+    return mcfg, pg_collection
+
+
+@dataclass(frozen=True)
+class BuiltDSALayers:
+    layers: dict[int, torch.nn.Module]  # Megatron's layer number -> that DSA TransformerLayer
+    index_cache_plan: IndexCachePlan | None
+    topk_cache: TopkCache | None  # call its begin_forward() before each pass when IndexCache is on
+
+
+def build_dsa_layers(
+    config: ModelConfig, backend: Backend, *, device: str = "cpu", params_dtype: torch.dtype = torch.float32, seed: int = 0
+) -> BuiltDSALayers:
+    """NAM56R's DSA layers alone, numbered and (with IndexCache on) planned as in the whole model, from the
+    same spec and runtime config as `build_model`: for the layer tests and the DSA layer bench. Each takes
+    hidden states [s, b, hidden_size] with attention_mask=None (causal)."""
+    from megatron.core.transformer.spec_utils import build_module
+
+    layout = layout_of(config)
+    plan = index_cache_plan(config, layout)
+    cache = TopkCache() if plan is not None else None
+    mcfg, pg_collection = _runtime_megatron_config(config, backend, device, params_dtype, None, None, seed)
+    spec = hybrid_stack_spec(config, backend, index_cache_plan=plan, topk_cache=cache).submodules.dsa_layer
+    layers = {}
+    with nullcontext() if device == "cuda" else cuda_buffers_on(device), torch.device("meta") if device == "meta" else nullcontext():
+        for number in layout.layer_numbers(LayerKind.DSA):
+            layers[number] = build_module(spec, config=mcfg, layer_number=number, pg_collection=pg_collection, add_layer_offset=False)
+    if device == "cuda":
+        for layer in layers.values():
+            layer.cuda(torch.cuda.current_device())
+    return BuiltDSALayers(layers=layers, index_cache_plan=plan, topk_cache=cache)

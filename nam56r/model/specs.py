@@ -9,8 +9,8 @@ place of Megatron's `SequentialMLP` (a Python loop of per-expert GEMMs). `resolv
 quiet switch after that.
 
 Every layer family is NAM56R's: Mamba-3 through `Mamba3Mixer`, full MLA (also in Megatron's `*`
-slot, which only the MTP heads use), DSA as absorbed MLA with the lightning indexer and
-IndexCache, MoE with one shared expert, and the MTP heads' dense MLP.
+slot, which only the MTP heads use), DSA as absorbed MLA with the lightning indexer (Megatron's or
+the fused top-k, `DSAConfig.indexer`) and IndexCache, MoE with one shared expert, and the MTP heads' dense MLP.
 """
 
 from __future__ import annotations
@@ -130,11 +130,11 @@ def _mla_layer(modules: _BackendModules) -> ModuleSpec:
     )
 
 
-def _dsa_layer(modules: _BackendModules, plan: IndexCachePlan | None, cache: TopkCache | None) -> ModuleSpec:
+def _dsa_layer(modules: _BackendModules, config: ModelConfig, plan: IndexCachePlan | None, cache: TopkCache | None) -> ModuleSpec:
     # DSA layers have no TE core attention (Megatron's DSAttention is local either way).
     core_attention = ModuleSpec(
         module=IndexCacheDSAttention,
-        params={"plan": plan, "cache": cache},
+        params={"plan": plan, "cache": cache, "indexer": config.dsa.indexer},
         submodules=DSAttentionSubmodules(
             indexer=ModuleSpec(
                 module=DSAIndexer,
@@ -193,7 +193,7 @@ def hybrid_stack_spec(
             ),
             attention_layer=mla,  # Megatron's `*` slot: only the MTP heads use it (nam56r.model.pattern)
             mla_layer=mla,
-            dsa_layer=_dsa_layer(modules, index_cache_plan, topk_cache),
+            dsa_layer=_dsa_layer(modules, config, index_cache_plan, topk_cache),
             mlp_layer=ModuleSpec(
                 module=MLPLayer,
                 submodules=TransformerLayerSubmodules(

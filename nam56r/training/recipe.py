@@ -51,6 +51,7 @@ class Recipe:
     precision: Precision = "bf16"
     backend: BackendChoice = "auto"
     index_cache: bool = False
+    dsa_indexer: Literal["megatron", "fused"] = "megatron"  # DSAConfig.indexer: Megatron's indexer or the fused top-k
     fused_linear_ce: bool = True  # LM head and MTP heads through Liger's fused linear CE (patches 0007/0008)
     # Runtime switches, each explicit
     cuda_graphs: bool = False
@@ -71,13 +72,15 @@ class Recipe:
         return self.world_size // (self.tp * self.pp)
 
     def model_config(self) -> ModelConfig:
-        """The model this recipe trains: the preset with the recipe's sequence length, precision and IndexCache."""
+        """The model this recipe trains: the preset with the recipe's sequence length, precision, IndexCache and
+        DSA indexer."""
         base = get_preset(self.model)
         return replace(
             base,
             seq_length=self.seq_length or base.seq_length,
             precision=self.precision,
             index_cache=replace(base.index_cache, enabled=self.index_cache),
+            dsa=replace(base.dsa, indexer=self.dsa_indexer),
         ).validate()
 
     def check(self) -> Recipe:

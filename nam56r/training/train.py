@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     shape.add_argument("--save-interval", type=int, help="steps between checkpoints")
     shape.add_argument("--backend", choices=("auto", "te", "local"), help="layer backend (auto: TE when installed)")
     shape.add_argument("--index-cache", choices=("on", "off"), help="IndexCache for the DSA layers")
+    shape.add_argument("--dsa-indexer", choices=("megatron", "fused"),
+                       help="how DSA layers select their top-k and train the indexer: Megatron's indexer (the default) or the "
+                            "fused Triton top-k with the sparse loss on the selected keys (nam56r.model.dsa_fused_indexer)")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
     shape.add_argument("--fused-linear-ce", choices=("on", "off"),
                        help="LM head and MTP heads through the fused linear cross-entropy of Megatron patches 0007/0008 "
@@ -115,6 +118,7 @@ def recipe_from(args: argparse.Namespace) -> Recipe:
         save_interval=args.save_interval,
         backend=args.backend,
         index_cache=on_off[args.index_cache],
+        dsa_indexer=args.dsa_indexer,
         cuda_graphs=on_off[args.cuda_graphs],
         fused_linear_ce=on_off[args.fused_linear_ce],
     )

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
-from nam56r_bench.kernel_shapes import FULL_SWEEP, MAMBA3_A_FLOOR, QUICK_SWEEP, KernelShapes, kernel_shapes, kernel_sweep
+from nam56r_bench.kernel_shapes import (
+    FULL_SWEEP,
+    MAMBA3_A_FLOOR,
+    QUICK_SWEEP,
+    KernelShapes,
+    dsa_layer_config,
+    kernel_shapes,
+    kernel_sweep,
+)
 
 from nam56r.model.presets import PRESETS, get_preset
 
@@ -58,8 +66,57 @@ def test_an_unknown_preset_is_refused_with_the_known_ones() -> None:
 def test_the_sweep_is_the_micro_batches_and_tokens_the_case_names_carry() -> None:
     assert kernel_sweep(quick=False) == FULL_SWEEP and kernel_sweep(quick=True) == QUICK_SWEEP
     assert (FULL_SWEEP.dsa_score_batches, FULL_SWEEP.dsa_topk_batch, FULL_SWEEP.moe_tokens) == ((1, 8), 8, 32768)
-    assert (FULL_SWEEP.ce_batch, FULL_SWEEP.mamba_batch) == (8, 8)
+    assert (FULL_SWEEP.ce_batch, FULL_SWEEP.mamba_batch, FULL_SWEEP.dsa_layer_batch) == (8, 8, 1)
     assert all(getattr(QUICK_SWEEP, f.name) <= getattr(FULL_SWEEP, f.name) for f in fields(QUICK_SWEEP) if f.name != "dsa_score_batches")
+
+
+def test_the_dsa_layer_cases_model_is_the_preset_with_only_the_indexer_path_and_index_cache_set() -> None:
+    preset = get_preset("nam56r")
+    for indexer in ("megatron", "fused"):
+        for index_cache in (False, True):
+            config = dsa_layer_config("nam56r", indexer, index_cache)
+            assert config == replace(preset, dsa=replace(preset.dsa, indexer=indexer),
+                                     index_cache=replace(preset.index_cache, enabled=index_cache))
+    assert (config.seq_length, config.dsa.topk, config.dsa.kernel_backend, config.index_cache.share_group) == (4096, 256, "tilelang", 3)
+
+
+def test_the_dsa_layer_cases_measure_every_indexer_path(megatron_built) -> None:
+    from nam56r_bench.kernel_suite import CASES, DSA_LAYER_VARIANTS, dsa_layer_cases
+
+    from nam56r.model.dsa_fused_indexer import INDEXER_PATHS
+
+    assert tuple(DSA_LAYER_VARIANTS) == INDEXER_PATHS
+    assert dsa_layer_cases in CASES
+
+
+# The `dsa layer` cases' step on CPU (Triton's interpreter) at nam56r-tiny's widths, 48 tokens, top-16.
+DSA_LAYER_STEP_SCRIPT = """
+import torch
+from nam56r.model.model import build_dsa_layers, cuda_buffers_on
+from nam56r_bench.kernel_suite import _dsa_layers_step
+from tests.nam56r.test_dsa_fused_indexer import layer_config
+
+outputs = []
+for indexer in ("megatron", "fused"):
+    built = build_dsa_layers(layer_config(indexer, index_cache=True), "local")
+    layers = [built.layers[n] for n in sorted(built.layers)]
+    if outputs:
+        for layer, state in zip(layers, states, strict=True):
+            layer.load_state_dict(state)
+    states = [layer.state_dict() for layer in layers]
+    for layer in layers:
+        layer.train()
+    with cuda_buffers_on("cpu"):
+        out, x_grad = _dsa_layers_step(built, layers, 2, 48)()
+    assert out.shape == x_grad.shape == (48, 2, layers[0].config.hidden_size) and bool(torch.isfinite(x_grad).all())
+    outputs.append((out, x_grad))
+torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+print("dsa layer step ok")
+"""
+
+
+def test_the_dsa_layer_cases_step_runs_both_paths_to_the_same_result(run_interpreted, megatron_built) -> None:
+    assert "dsa layer step ok" in run_interpreted(DSA_LAYER_STEP_SCRIPT, timeout=600)
 
 
 def test_the_kernel_suite_imports_without_torch_or_megatron() -> None:

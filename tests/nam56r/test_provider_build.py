@@ -55,8 +55,8 @@ def tokenizer_dir(tmp_path_factory, megatron_built) -> Path:
     return out
 
 
-def _lowered(name: str, run_dir: Path, tokenizer: Path) -> tuple[list[str], object]:
-    recipe = get_recipe(name)
+def _lowered(name: str, run_dir: Path, tokenizer: Path, **overrides) -> tuple[list[str], object]:
+    recipe = get_recipe(name, **overrides)
     model = recipe.model_config()
     data = DataPaths(DataDir(run_dir).train_prefix, None, tokenizer)
     return megatron_flags(recipe, model, data, RunPaths(run_dir, None, None), "local"), recipe
@@ -76,8 +76,12 @@ def megatron_globals():
     unset_global_variables()
 
 
-@pytest.mark.parametrize("name", BUILT_RECIPES)
-def test_lowered_flags_build_through_pretrains_model_provider(name, tokenizer_dir, tmp_path, megatron_globals, monkeypatch):
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [(name, {}) for name in BUILT_RECIPES] + [("tiny-1gpu", {"dsa_indexer": "fused"})],
+    ids=BUILT_RECIPES + ["tiny-1gpu-fused-dsa-indexer"],
+)
+def test_lowered_flags_build_through_pretrains_model_provider(name, overrides, tokenizer_dir, tmp_path, megatron_globals, monkeypatch):
     from megatron.core.transformer.experimental_attention_variant.absorbed_mla import AbsorbedMLASelfAttention
 
     import nam56r.model.model
@@ -86,10 +90,11 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, tokenizer_di
     from nam56r.model.pattern import LayerKind
     from nam56r.training.pretrain import model_provider
 
-    argv, recipe = _lowered(name, tmp_path, tokenizer_dir)
+    argv, recipe = _lowered(name, tmp_path, tokenizer_dir, **overrides)
     with contextlib.redirect_stdout(io.StringIO()):
         args = megatron_validate(argv, recipe.world_size)
     model_config = recipe.model_config()
+    assert model_config.dsa.indexer == overrides.get("dsa_indexer", "megatron")
     Path(args.nam56r_model_config).write_text(json.dumps(model_config.to_dict()))  # as the launcher writes it
     megatron_globals(args)
 
@@ -118,6 +123,8 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, tokenizer_di
         is_dsa = isinstance(getattr(layer, "self_attention", None), AbsorbedMLASelfAttention)
         is_mamba3 = isinstance(getattr(layer, "mixer", None), Mamba3Mixer)
         assert (is_dsa, is_mamba3) == (kind is LayerKind.DSA, kind is LayerKind.MAMBA3), (kind, type(layer).__name__)
+        if is_dsa:  # the model config's DSA indexer path (launcher --dsa-indexer) reaches every DSA layer
+            assert layer.self_attention.core_attention.indexer_path == model_config.dsa.indexer
     assert len(model.mtp.layers) == model_config.mtp.depths
 
     # The two lowerings agree: Megatron's config from the flags (as the provider built with it) and ours.

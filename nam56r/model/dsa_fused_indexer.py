@@ -1,0 +1,213 @@
+"""DSA's indexer top-k and sparse indexer loss on the fused Triton top-k (`DSAConfig.indexer="fused"`).
+
+Why: Megatron core_v0.19.0 (and Megatron-LM main, whose DSA files are the same) selects each query's top-k
+keys from fp32 index scores over every key. Its naive path builds the [b, sq, sk] scores with autograd
+bookkeeping in forward and again in backward (`FusedDSAIndexerLoss`); its TileLang path writes fp32 logits
+for blocks of 8192 query rows x all keys, then runs `torch.topk` (`ops/tilelang_dsa.py`). Here the selection
+is `nam56r_kernels.dsa_indexer.index_topk_fused` (fused scores, one sequence at a time, then an exact
+per-query select), and the indexer loss reads only the selected pairs.
+
+The loss, exactly (Megatron's `compute_dsa_indexer_loss` with `dsa_indexer_use_sparse_loss=True`). For query
+row i of sequence b, let S = {j : j is one of its top-k indices, j >= 0} (causal by construction: the kernel
+marks slots with no visible key -1) and
+
+    s[i, j] = sum_h w[i, h] * relu(q[i, h] . k[j])                      index logits, with gradients
+    T[i, j] = A[i, j] / sum_{j' in S} A[i, j'],
+    A[i, j] = sum_heads softmax_{j in S}(softmax_scale * query[i, head] . key[j])      target, no gradient
+    log P[i, j] = s[i, j] - logsumexp_{j' in S} s[i, j']
+    loss = loss_coeff * sum_{b, i} sum_{j in S} T[i, j] (log T[i, j] - log P[i, j]) / (b * sq)
+
+(per token: the sum, not divided, with calculate_per_token_loss). Megatron adds -inf outside the top-k to
+both its attention and its index scores before either softmax, so neither a term of the loss nor either
+normalizer reads a key outside S, and the gradient w.r.t. s, P - T on S, is zero elsewhere. The
+differentiable index scores are therefore needed at the b * sq * topk selected pairs only: keys gathered at
+the indices, plain torch, autograd (recomputed in backward, so the graph holds q, k, weights and the
+indices, as Megatron's TileLang `IndexerFunction` does). No normalizer over all keys is involved. The dense
+loss (`sparse_indexer_loss=False`) normalizes P over every causal key: its gradient is non-zero at every
+key, which takes the full scores with gradients, so the fused path refuses it. The normalization, KL and
+reduction are Megatron's own helpers (`dsa_masking`, `dsa_indexer_loss`), on [b, sq, topk] instead of
+[b, sq, sk] masked tensors.
+
+The attention side is Megatron's unchanged: `FusedIndexerDSAttention` hands the indices to DSAttention's
+own branch for a layer whose top-k comes from elsewhere (the one its top-k sharing and IndexCache use),
+which runs the sparse MLA on them; the indices are int32 [b, sq, topk] with -1 in empty slots, the layout
+Megatron's TileLang indexer produces and both its sparse MLA paths read.
+
+The fused path covers what NAM56R trains: causal self-attention, absorbed MLA (one latent KV head),
+tensor and context parallel 1, no packed sequences, CUDA tensors (or Triton's CPU interpreter). Anything
+else raises `FusedIndexerUnsupported` naming it; nothing falls back to Megatron's indexer silently.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.experimental_attention_variant import dsa_indexer_loss, dsa_masking
+from megatron.core.transformer.experimental_attention_variant.dsa import (
+    DSAIndexerLossAutoScaler,
+    DSAIndexerLossLoggingHelper,
+    DSAttention,
+)
+from megatron.core.utils import get_pg_size
+from nam56r_kernels.dsa_indexer import index_topk_fused
+from nam56r_kernels.triton_support import require_cuda_or_interpreter
+from torch.utils.checkpoint import checkpoint
+
+IndexerPath = Literal["megatron", "fused"]
+INDEXER_PATHS: tuple[str, ...] = ("megatron", "fused")
+# Query rows per chunk of the target: bounds its gathered keys and [b, rows, heads, topk] logits (fp32).
+TARGET_ROW_CHUNK = 1024
+
+
+class FusedIndexerUnsupported(RuntimeError):
+    """The fused indexer path cannot run this layer call; the message names what it lacks."""
+
+
+def select_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk: int, *, use_relu: bool) -> torch.Tensor:
+    """int32 [b, sq, min(topk, sk)] causal top-k indices (-1 in slots with no visible key), without gradients.
+
+    q [sq, b, H, D], k [sk, b, D], weights [sq, b, H] (Megatron's indexer layouts)."""
+    require_cuda_or_interpreter(q, "the fused DSA indexer (DSAConfig.indexer='fused')", "DSAConfig.indexer='megatron'")
+    with torch.no_grad():
+        _, indices = index_topk_fused(q.detach(), k.detach(), weights.detach(), topk, use_relu=use_relu, causal=True)
+    return indices
+
+
+def index_scores_at(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, *, use_relu: bool) -> torch.Tensor:
+    """fp32 [b, sq, topk]: sum_h weights[i, b, h] * act(q[i, b, h] . k[indices[b, i, t], b]), differentiable
+    w.r.t. q, k and weights. Slots with index -1 read key 0; the caller masks them. Computed in fp32, as
+    Megatron's `_compute_index_scores` is: the q . k GEMM's operands are bf16 in training, exact even where fp32
+    matmuls run as TF32, and the weighted sum over heads is elementwise, never rounded to TF32."""
+    sq, batch, _, dim = q.shape
+    if indices.shape[:2] != (batch, sq):
+        raise ValueError(f"indices must be [b={batch}, sq={sq}, topk], got {tuple(indices.shape)}")
+    sk, topk = k.shape[0], indices.shape[-1]
+    # Row b * sk + j of the flattened keys is key j of sequence b.
+    flat = indices.clamp(min=0).long() + torch.arange(batch, device=k.device).view(batch, 1, 1) * sk
+    keys = k.transpose(0, 1).reshape(batch * sk, dim).index_select(0, flat.view(-1)).view(batch, sq, topk, dim)
+    per_head = torch.matmul(q.transpose(0, 1).float(), keys.float().transpose(-1, -2))  # [b, sq, H, topk]
+    if use_relu:
+        per_head = torch.relu(per_head)
+    return (per_head * weights.transpose(0, 1).float().unsqueeze(-1)).sum(dim=-2)
+
+
+@torch.no_grad()
+def sparse_attention_target(query: torch.Tensor, key: torch.Tensor, indices: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """T: fp32 [b, sq, topk], the attention heads' softmax over each row's top-k keys, summed over heads and
+    L1-normalized per row (0 in slots with index -1). query [sq, b, heads, d]; key [sk, b, 1, d], absorbed
+    MLA's one latent KV head."""
+    sq, batch, _, dim = query.shape
+    sk, topk = key.shape[0], indices.shape[-1]
+    valid = indices >= 0
+    flat = indices.clamp(min=0).long() + torch.arange(batch, device=key.device).view(batch, 1, 1) * sk
+    flat_keys = key[:, :, 0].transpose(0, 1).reshape(batch * sk, dim)
+    target = torch.empty(batch, sq, topk, dtype=torch.float32, device=query.device)
+    for start in range(0, sq, TARGET_ROW_CHUNK):
+        rows = slice(start, min(start + TARGET_ROW_CHUNK, sq))
+        keys = flat_keys.index_select(0, flat[:, rows].reshape(-1)).view(batch, -1, topk, dim).float()
+        logits = torch.matmul(query[rows].transpose(0, 1).float(), keys.transpose(-1, -2)) * softmax_scale  # [b, rows, heads, topk]
+        row_valid = valid[:, rows].unsqueeze(2).expand_as(logits)
+        target[:, rows] = dsa_masking.masked_softmax(logits, row_valid, dim=-1).sum(dim=2)
+    return dsa_indexer_loss.normalize_indexer_target(target)
+
+
+def sparse_indexer_loss(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    indices: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    softmax_scale: float,
+    loss_coeff: float,
+    use_relu: bool,
+    calculate_per_token_loss: bool,
+) -> torch.Tensor:
+    """The sparse indexer KL loss (the module docstring's formula), a scalar differentiable w.r.t. q, k and
+    weights only; query and key are the attention's, read without gradients."""
+    target = sparse_attention_target(query.detach(), key.detach(), indices, softmax_scale)
+    scores = checkpoint(index_scores_at, q, k, weights, indices, use_relu=use_relu, use_reentrant=False)
+    valid = indices >= 0
+    log_probs = dsa_masking.masked_log_softmax(scores, valid, dim=-1)
+    return dsa_indexer_loss.indexer_loss_from_target(
+        target, log_probs, loss_coeff, calculate_per_token_loss=calculate_per_token_loss, valid_mask=valid
+    )
+
+
+class FusedIndexerDSAttention(DSAttention):
+    """Megatron's DSAttention whose top-k computing layers select with the fused kernel and train their
+    indexer with the sparse loss on the selected pairs (`indexer="fused"`); with `indexer="megatron"` it is
+    Megatron's DSAttention. Layers that reuse another layer's top-k run Megatron's code either way."""
+
+    def __init__(self, *args, indexer: IndexerPath = "megatron", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if indexer not in INDEXER_PATHS:
+            raise ValueError(f"indexer must be one of {INDEXER_PATHS}, got {indexer!r}")
+        if indexer == "fused" and (self.config.dsa_indexer_loss_coeff or 0.0) > 0 and not self.config.dsa_indexer_use_sparse_loss:
+            raise ValueError(
+                "the fused DSA indexer trains with the sparse indexer loss only (dsa_indexer_use_sparse_loss=True): the dense "
+                "loss normalizes over every causal key and needs the full index scores with gradients; set "
+                "DSAConfig.sparse_indexer_loss=True or DSAConfig.indexer='megatron'"
+            )
+        self.indexer_path: IndexerPath = indexer
+
+    def forward(self, query, key, value, attention_mask, x, qr, position_ids=None, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, up_v_weight=None):
+        call = dict(position_ids=position_ids, attn_mask_type=attn_mask_type, attention_bias=attention_bias,
+                    packed_seq_params=packed_seq_params, up_v_weight=up_v_weight)
+        if self.indexer_path == "megatron" or self.skip_topk:
+            return super().forward(query, key, value, attention_mask, x, qr, **call)
+        self._check_fused_call(query, key, value, attn_mask_type, packed_seq_params)
+        loss_coeff = self.config.dsa_indexer_loss_coeff or 0.0
+        use_loss = self.training and torch.is_grad_enabled() and loss_coeff > 0
+        # Megatron detaches x and qr: the indexer loss trains the indexer only.
+        with torch.enable_grad() if use_loss else torch.no_grad():
+            q, k, weights = self.indexer.forward_before_topk(x.detach(), qr.detach(), packed_seq_params)
+        use_relu = self.config.dsa_indexer_scoring_relu
+        indices = select_topk(q, k, weights, self.index_topk, use_relu=use_relu)
+        loss = None
+        if use_loss:
+            loss = sparse_indexer_loss(q, k, weights, indices, query, key, softmax_scale=self.softmax_scale, loss_coeff=loss_coeff,
+                                       use_relu=use_relu, calculate_per_token_loss=self.config.calculate_per_token_loss)
+        output = self._attend_with_topk(indices, query, key, value, attention_mask, x, qr, call)
+        if loss is not None:
+            DSAIndexerLossLoggingHelper.save_loss_to_tracker(loss=loss, layer_number=self.layer_number, num_layers=self.config.num_layers)
+            output = DSAIndexerLossAutoScaler.apply(output, loss)
+        return output
+
+    def _attend_with_topk(self, indices, query, key, value, attention_mask, x, qr, call: dict) -> torch.Tensor:
+        """Megatron's DSAttention on `indices`: its branch for a layer that reuses a top-k, with this layer as
+        the source. The entry stays in the holder when sharing is on (IndexCache or Megatron's own sharing
+        reads it after this layer); otherwise it is removed."""
+        holder = self._get_index_share_topk_holder(call["packed_seq_params"], attention_mask)
+        saved = (self.index_share, self.skip_topk, self.source_layer)
+        holder[self.layer_number] = indices
+        self.index_share, self.skip_topk, self.source_layer = True, True, self.layer_number
+        try:
+            return super().forward(query, key, value, attention_mask, x, qr, **call)
+        finally:
+            self.index_share, self.skip_topk, self.source_layer = saved
+            if not self.index_share:
+                holder.pop(self.layer_number, None)
+
+    def _check_fused_call(self, query, key, value, attn_mask_type, packed_seq_params) -> None:
+        where = f"the fused DSA indexer (DSAConfig.indexer='fused', layer {self.layer_number})"
+        problems = []
+        if packed_seq_params is not None:
+            problems.append(f"packed sequences (packed_seq_params, qkv_format={getattr(packed_seq_params, 'qkv_format', None)!r})")
+        if attn_mask_type != AttnMaskType.causal:
+            problems.append(f"attention mask type {attn_mask_type} (causal self-attention only)")
+        for group in ("tp", "cp"):
+            size = get_pg_size(getattr(self.pg_collection, group, None))
+            if size > 1:
+                problems.append(f"{group} size {size} (it runs at tensor and context parallel 1, NAM56R's only ones)")
+        if value is not None or key.ndim != 4 or key.size(2) != 1:
+            problems.append(f"a key of shape {tuple(key.shape)} with value {'given' if value is not None else 'None'} "
+                            "(absorbed MLA only: one latent KV head, value None)")
+        elif query.size(0) != key.size(0):
+            problems.append(f"query rows {query.size(0)} != key rows {key.size(0)} (causal self-attention)")
+        if problems:
+            raise FusedIndexerUnsupported(f"{where} does not support " + "; ".join(problems) + "; set DSAConfig.indexer='megatron'")
