@@ -18,7 +18,8 @@ Cases (each size by the ModelConfig field it is read from):
   (``"fused"``); the sparse MLA is Megatron's TileLang one in both. ``dsa layers ... IndexCache``: the first
   IndexCache group (1 Full + index_cache.share_group - 1 Shared layers), one after another.
 - ``lm-head ce`` / ``mtp ce``: output layer + cross-entropy forward+backward at vocab_size: logits then
-  fp32 cross-entropy (core_v0.19.0) vs Megatron patch 0007/0008's chunked fused linear CE (one MTP depth).
+  fp32 cross-entropy (core_v0.19.0) vs Megatron patch 0007/0008's chunked fused linear CE (Liger) vs
+  ``nam56r_kernels.linear_cross_entropy`` (one MTP depth).
 - ``moe experts``: 32k tokens, top-(moe.topk) of moe.num_experts experts of FFN moe.expert_ffn,
   forward+backward: the per-expert loop (SequentialMLP's computation) vs two grouped GEMMs.
 - ``mamba3 adt``: the data-dependent-A region (mamba.num_heads(hidden_size) heads) at micro-batch 8, eager vs
@@ -251,6 +252,7 @@ def _dsa_layers_step(built, layers: list, batch: int, seq: int) -> Callable[[], 
 def cross_entropy_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
     import torch
     from megatron.core.fusions.fused_linear_cross_entropy import fused_linear_cross_entropy
+    from nam56r_kernels.linear_cross_entropy import linear_cross_entropy
 
     batch, seq, hidden, vocab = sweep.ce_batch, shapes.seq_length, shapes.hidden_size, shapes.vocab_size
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -267,6 +269,11 @@ def cross_entropy_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) 
         loss, _ = fused_linear_cross_entropy(h, weight, labels)
         return (loss, *torch.autograd.grad(loss.sum(), (h, weight)))
 
+    def chunked() -> tuple[torch.Tensor, ...]:
+        loss = linear_cross_entropy(h.view(-1, hidden), weight, labels.t().reshape(-1))
+        hidden_grad, weight_grad = torch.autograd.grad(loss.sum(), (h, weight))
+        return (loss.view(seq, batch).t(), hidden_grad, weight_grad)
+
     # The same computation at the LM head and at each of the mtp_depths MTP heads: one of each is measured.
     cases = ("lm-head ce", "mtp ce (one depth)") if shapes.mtp_depths else ("lm-head ce",)
     rows = []
@@ -274,6 +281,7 @@ def cross_entropy_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) 
         base, ref = _measure(case, f"upstream (logits + fp32 CE), mb{batch}", unfused, ctx)
         rows.append(base)
         rows.append(_measure(case, f"patch 0007/0008 fused linear CE, mb{batch}", fused, ctx, reference=ref)[0])
+        rows.append(_measure(case, f"chunked linear CE (nam56r_kernels), mb{batch}", chunked, ctx, reference=ref)[0])
         del ref
         if ctx.quick:
             break
