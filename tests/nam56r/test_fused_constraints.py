@@ -144,14 +144,3 @@ def test_recipe_check_refuses_a_shape_the_fused_path_declines(megatron_built) ->
         get_recipe("tiny-1gpu", seq_length=96)
     assert len(err.value.problems) == 3  # the sparse MLA, and the indexer loss's target and KL kernels
 
-
-def test_the_fused_indexer_names_what_its_kernels_cannot_take() -> None:
-    from nam56r_kernels.dsa_indexer import MAX_SELECT_KEYS
-
-    from nam56r.model.fused_constraints import fused_indexer_violations
-
-    assert fused_indexer_violations(_tiny(dsa={"indexer": "fused"})) == []
-    (dim,) = fused_indexer_violations(replace(get_preset("nam56r-tiny"), dsa=replace(get_preset("nam56r-tiny").dsa, indexer_head_dim=48)))
-    assert "dsa.indexer_head_dim 48 is not a power of two >= 16" in dim
-    (long,) = fused_indexer_violations(replace(get_preset("nam56r-tiny"), seq_length=2 * MAX_SELECT_KEYS))
-    assert f"seq_length {2 * MAX_SELECT_KEYS} exceeds the {MAX_SELECT_KEYS} keys per query" in long and "dsa.indexer='megatron'" in long
