@@ -270,7 +270,7 @@ def cross_entropy_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) 
         return (loss, *torch.autograd.grad(loss.sum(), (h, weight)))
 
     def chunked() -> tuple[torch.Tensor, ...]:
-        loss = linear_cross_entropy(h.view(-1, hidden), weight, labels.t().reshape(-1))
+        loss = linear_cross_entropy(h.view(-1, hidden), weight, labels.t().reshape(-1)).loss
         hidden_grad, weight_grad = torch.autograd.grad(loss.sum(), (h, weight))
         return (loss.view(seq, batch).t(), hidden_grad, weight_grad)
 

@@ -6,7 +6,8 @@
   their share of the step and the GPU-idle share (`nam56r_bench.profile_trace`).
 - ``microbatch``: the largest micro-batch that trains 3 steps at sequence 4096, proxy and full, on each memory
   path of the LM head and MTP heads in the same build: Megatron patches 0007/0008's fused linear CE (the
-  recipes' default) and upstream's logits + cross-entropy (`--fused-linear-ce off`).
+  recipes' default), our chunked linear CE (`--linear-ce chunked`, patch 0016) and upstream's logits +
+  cross-entropy (`--linear-ce logits`).
 - ``compile-tax``: wall time to the first logged step with empty Triton, TileLang and Inductor caches, then
   again with the caches that run filled. Across runs the stack relies on those compilers' on-disk caches
   (by default ~/.triton/cache and ~/.tilelang/cache; TRITON_CACHE_DIR / TILELANG_CACHE_DIR move them,
@@ -54,7 +55,7 @@ def train_command(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, op
                   extra: tuple[str, ...] = ()) -> list[str]:
     """`python -m nam56r.training.train` for a bench run: no checkpoint (a proxy checkpoint takes about 44 GiB), and a
     one-step learning-rate warm-up, as a run of a few steps needs one shorter than the recipe's (the schedule
-    changes neither speed nor memory). `options`: the launcher's own (e.g. `--fused-linear-ce off`); `extra`:
+    changes neither speed nor memory). `options`: the launcher's own (e.g. `--linear-ce logits`); `extra`:
     Megatron flags after `--`."""
     command = [sys.executable, "-m", "nam56r.training.train", *RECIPES[recipe], "--steps", str(steps), "--warmup", "1", "--no-save",
                "--run-dir", str(run_dir), *options]
@@ -127,7 +128,8 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
 # cross-entropy for the LM head and MTP heads instead of Megatron patches 0007/0008's fused linear CE.
 CE_PATHS = {
     "patched (fused linear CE, patches 0007/0008)": (),
-    "upstream CE (logits + fp32 CE)": ("--fused-linear-ce", "off"),
+    "chunked linear CE (nam56r_kernels, patch 0016)": ("--linear-ce", "chunked"),
+    "upstream CE (logits + fp32 CE)": ("--linear-ce", "logits"),
 }
 
 

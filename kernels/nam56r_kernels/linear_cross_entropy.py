@@ -13,7 +13,8 @@ Contract (both implementations):
   [0, V) or ``ignore_index``.
 - Returns the fp32 [N] loss ``logsumexp(logits[i]) - logits[i, labels[i]]`` with ``logits = hidden @
   weight.T`` computed in the inputs' dtype with fp32 accumulation (cuBLAS) and the softmax in fp32; 0 where
-  ``labels[i] == ignore_index``, as ``F.cross_entropy(..., reduction="none")`` gives.
+  ``labels[i] == ignore_index``, as ``F.cross_entropy(..., reduction="none")`` gives. The chunked path
+  also returns int64 [N] predictions: the index of a largest logit of each token (for accuracy metrics).
 - ``linear_cross_entropy`` takes ``loss_weight`` [N] (None: 1 for every token): the gradient arriving at
   the loss in backward must be ``c * loss_weight`` for one scalar c, as Megatron's masked loss sums give
   (``loss_mask`` times a global scale). Anything else fails an on-device assertion instead of returning
@@ -23,6 +24,8 @@ Contract (both implementations):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -30,13 +33,18 @@ import triton.language as tl
 
 from nam56r_kernels.triton_support import require_cuda_or_interpreter
 
-__all__ = ["linear_cross_entropy", "linear_cross_entropy_reference"]
+__all__ = ["LinearCrossEntropy", "linear_cross_entropy", "linear_cross_entropy_reference"]
 
 # One chunk of logits at most this many bytes: 512 MiB is 2048 tokens at V = 131072 in bf16.
 CHUNK_BYTES = 512 << 20
 _ROW_BLOCK = 4096
 # Relative slack of the backward's check that the incoming gradient is c * loss_weight (bf16 scales).
 _GRADIENT_SHAPE_RTOL = 1e-2
+
+
+class LinearCrossEntropy(NamedTuple):
+    loss: torch.Tensor  # fp32 [N], differentiable
+    predictions: torch.Tensor  # int64 [N], an argmax of each token's logits
 
 
 def linear_cross_entropy_reference(
@@ -56,8 +64,9 @@ def linear_cross_entropy(
     *,
     ignore_index: int = -100,
     chunk_bytes: int = CHUNK_BYTES,
-) -> torch.Tensor:
-    """The same loss as ``linear_cross_entropy_reference``, a chunk of tokens at a time (module docstring)."""
+) -> LinearCrossEntropy:
+    """The same loss as ``linear_cross_entropy_reference``, a chunk of tokens at a time, and each token's
+    argmax (module docstring)."""
     _check_inputs(hidden, weight, labels)
     require_cuda_or_interpreter(hidden, "linear_cross_entropy", "linear_cross_entropy_reference")
     if loss_weight is not None and (loss_weight.shape != labels.shape or loss_weight.device != labels.device):
@@ -65,7 +74,7 @@ def linear_cross_entropy(
                          f"{tuple(loss_weight.shape)} on {loss_weight.device}")
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    return _LinearCrossEntropy.apply(hidden, weight, labels, loss_weight, ignore_index, chunk_bytes)
+    return LinearCrossEntropy(*_LinearCrossEntropy.apply(hidden, weight, labels, loss_weight, ignore_index, chunk_bytes))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -75,6 +84,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         kept = labels != ignore_index
         weights = kept.float() if loss_weight is None else loss_weight.float() * kept
         loss = torch.empty(tokens, dtype=torch.float32, device=hidden.device)
+        predictions = torch.empty(tokens, dtype=torch.int64, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         chunk = max(1, min(tokens, chunk_bytes // (vocab * hidden.element_size())))
@@ -85,18 +95,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
             block = logits[: x.shape[0]]
             torch.matmul(x, weight.t(), out=block)
             _cross_entropy_rows_kernel[(x.shape[0],)](
-                block, labels[rows], weights[rows], loss[rows], vocab, block.stride(0), ignore_index, BLOCK=_ROW_BLOCK,
-                num_warps=8,
+                block, labels[rows], weights[rows], loss[rows], predictions[rows], vocab, block.stride(0), ignore_index,
+                BLOCK=_ROW_BLOCK, num_warps=8,
             )
             if grad_hidden is not None:
                 torch.matmul(block, weight, out=grad_hidden[rows])
             if grad_weight is not None:
                 grad_weight.addmm_(block.t(), x)
         ctx.save_for_backward(grad_hidden, grad_weight, weights, kept)
-        return loss
+        ctx.mark_non_differentiable(predictions)
+        return loss, predictions
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, _grad_predictions):
         grad_hidden, grad_weight, weights, kept = ctx.saved_tensors
         scale = _gradient_scale(grad_loss.float(), weights, kept)
         # In place: these buffers are this call's own, and a scaled copy would double the weight gradient's memory.
@@ -122,22 +133,26 @@ def _gradient_scale(grad_loss: torch.Tensor, weights: torch.Tensor, kept: torch.
 
 
 @triton.jit
-def _cross_entropy_rows_kernel(logits_ptr, labels_ptr, weights_ptr, loss_ptr, vocab, stride_row, ignore_index,
-                               BLOCK: tl.constexpr):
-    """One token: its loss from its logits row, then the row overwritten by weight * (softmax - onehot)."""
+def _cross_entropy_rows_kernel(logits_ptr, labels_ptr, weights_ptr, loss_ptr, predictions_ptr, vocab, stride_row,
+                               ignore_index, BLOCK: tl.constexpr):
+    """One token: its loss and argmax from its logits row, then the row overwritten by weight * (softmax - onehot)."""
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride_row
     cols = tl.arange(0, BLOCK)
     # Online max / sum of exponentials per lane; a finite floor keeps masked lanes from making 0 * inf.
     running_max = tl.full((BLOCK,), -1e30, tl.float32)
     running_sum = tl.zeros((BLOCK,), tl.float32)
+    running_argmax = tl.zeros((BLOCK,), tl.int64)
     for start in range(0, vocab, BLOCK):
         x = tl.load(base + start + cols, mask=start + cols < vocab, other=float("-inf")).to(tl.float32)
+        running_argmax = tl.where(x > running_max, start + cols, running_argmax)
         new_max = tl.maximum(running_max, x)
         running_sum = running_sum * tl.exp(running_max - new_max) + tl.exp(x - new_max)
         running_max = new_max
     row_max = tl.max(running_max, axis=0)
     lse = row_max + tl.log(tl.sum(running_sum * tl.exp(running_max - row_max), axis=0))
+    best_lane = tl.argmax(running_max, axis=0)
+    tl.store(predictions_ptr + row, tl.sum(tl.where(cols == best_lane, running_argmax, 0), axis=0))
     label = tl.load(labels_ptr + row).to(tl.int64)
     ignored = label == ignore_index
     target = tl.load(base + tl.where(ignored, 0, label)).to(tl.float32)

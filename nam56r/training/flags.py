@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r.model.config import ModelConfig
+from nam56r.model.linear_cross_entropy import CHUNKED_LINEAR_CE
 from nam56r.model.megatron_fields import architecture_flags
 from nam56r.training.recipe import Recipe
 from nam56r.training.run_dir import RunDir
@@ -129,8 +130,10 @@ def _optional_run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend:
         args += ["--save", str(run.save)]
     if run.load is not None:
         args += ["--load", str(run.load), "--exit-on-missing-checkpoint"]
-    if recipe.fused_linear_ce:
+    if recipe.linear_ce != "logits":
         args += ["--fused-linear-cross-entropy"]  # TransformerConfig field from Megatron patch 0007
+    if recipe.linear_ce == "chunked":
+        args += ["--fused-linear-cross-entropy-impl", CHUNKED_LINEAR_CE]  # TransformerConfig field from Megatron patch 0016
     args += ["--nam56r-model-config", str(run.layout.model_config), "--nam56r-backend", backend]
     return args
 

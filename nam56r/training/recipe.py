@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Literal
+from typing import Literal, get_args
 
 from nam56r.model.config import ModelConfig, Precision
 from nam56r.model.presets import PRESETS, get_preset
 
 BackendChoice = Literal["auto", "te", "local"]
+LinearCE = Literal["liger", "chunked", "logits"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,9 @@ class Recipe:
     backend: BackendChoice = "auto"
     index_cache: bool = False
     dsa_indexer: Literal["megatron", "fused"] = "megatron"  # DSAConfig.indexer: Megatron's indexer or the fused top-k
-    fused_linear_ce: bool = True  # LM head and MTP heads through Liger's fused linear CE (patches 0007/0008)
+    # LM head and MTP heads: "liger", Liger's fused linear CE (Megatron patches 0007/0008); "chunked", our
+    # chunked linear CE (nam56r.model.linear_cross_entropy, through patch 0016); "logits", upstream's logits + CE.
+    linear_ce: LinearCE = "liger"
     # Runtime switches, each explicit
     cuda_graphs: bool = False
     compile_mamba_elementwise: bool = False
@@ -128,6 +131,8 @@ class Recipe:
                 "training: at NAM56R's shape it is no faster than the eager region (`nox -s bench -- kernels`, case "
                 "'mamba3 adt region mb8'); leave it off"
             )
+        if self.linear_ce not in get_args(LinearCE):
+            problems.append(f"linear_ce {self.linear_ce!r} is not one of {', '.join(get_args(LinearCE))}")
         if self.min_lr > self.lr:
             problems.append(f"min_lr {self.min_lr} exceeds lr {self.lr}")
         if self.warmup_steps >= self.steps:

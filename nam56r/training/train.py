@@ -78,9 +78,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                        help="how DSA layers select their top-k and train the indexer: Megatron's indexer (the default) or the "
                             "fused Triton top-k with the sparse loss on the selected keys (nam56r.model.dsa_fused_indexer)")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
-    shape.add_argument("--fused-linear-ce", choices=("on", "off"),
-                       help="LM head and MTP heads through the fused linear cross-entropy of Megatron patches 0007/0008 "
-                            "(on, the recipes' default) or upstream's logits + cross-entropy (off)")
+    shape.add_argument("--linear-ce", choices=("liger", "chunked", "logits"),
+                       help="LM head and MTP heads: Liger's fused linear cross-entropy through Megatron patches 0007/0008 "
+                            "(liger, the recipes' default), our chunked linear cross-entropy through patch 0016 (chunked, "
+                            "nam56r.model.linear_cross_entropy), or upstream's logits + cross-entropy (logits)"),
     io_group = parser.add_argument_group("data, checkpoints, outputs")
     io_group.add_argument(
         "--data", type=Path, help="a data directory with data.json (nam56r.training.data build/convert) or a train prefix (.bin/.idx)"
@@ -120,7 +121,7 @@ def recipe_from(args: argparse.Namespace) -> Recipe:
         index_cache=on_off[args.index_cache],
         dsa_indexer=args.dsa_indexer,
         cuda_graphs=on_off[args.cuda_graphs],
-        fused_linear_ce=on_off[args.fused_linear_ce],
+        linear_ce=args.linear_ce,
     )
 
 

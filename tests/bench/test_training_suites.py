@@ -127,15 +127,17 @@ def test_model_option_picks_the_training_suites_models(tmp_path: Path) -> None:
 
 
 def test_the_upstream_ce_side_is_a_launcher_option_megatron_accepts(tmp_path: Path, megatron_built, capsys: pytest.CaptureFixture) -> None:
-    """The microbatch suite's two CE paths run in one build: the users' command with `--fused-linear-ce off`
-    drops patch 0007's flag, and nam56r.training.train's parser and Megatron's accept it (dry run)."""
+    """The microbatch suite's CE paths run in one build: the users' command with `--linear-ce chunked` adds patch
+    0016's implementation flag, `--linear-ce logits` drops patch 0007's flag, and nam56r.training.train's parser and
+    Megatron's accept each (dry run)."""
     from nam56r.training.train import main as train_main
 
-    fused, upstream = CE_PATHS.values()
-    for options, flagged in ((fused, True), (upstream, False)):
-        command = train_command("proxy", tmp_path / f"run-{flagged}", mbs=1, steps=3, options=options)
+    liger, chunked, upstream = CE_PATHS.values()
+    for side, (options, fused, impl) in enumerate(((liger, True, False), (chunked, True, True), (upstream, False, False))):
+        command = train_command("proxy", tmp_path / f"run-{side}", mbs=1, steps=3, options=options)
         assert train_main([*command[3:], "--dry-run"]) == 0
-        assert ("--fused-linear-cross-entropy" in capsys.readouterr().out) is flagged
+        out = capsys.readouterr().out
+        assert ("--fused-linear-cross-entropy " in out) is fused and ("--fused-linear-cross-entropy-impl" in out) is impl
 
 
 def _runs_up_to(largest: int):

@@ -30,8 +30,9 @@ INTERPRETER_SCRIPT = textwrap.dedent(
         (ref * w * scale).sum().backward()
         ref_grads = hidden.grad.clone(), weight.grad.clone()
         hidden.grad = weight.grad = None
-        loss = linear_cross_entropy(hidden, weight, labels, loss_weight, chunk_bytes=3 * vocab * 4)
+        loss, predictions = linear_cross_entropy(hidden, weight, labels, loss_weight, chunk_bytes=3 * vocab * 4)
         (loss * w * scale).sum().backward()
+        assert torch.equal(predictions, (hidden @ weight.t()).argmax(-1)), predictions
         assert loss.dtype == torch.float32 and loss.shape == (tokens,) and float(loss[2]) == 0.0
         torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(hidden.grad, ref_grads[0], atol=1e-5, rtol=1e-4)
@@ -39,7 +40,7 @@ INTERPRETER_SCRIPT = textwrap.dedent(
         hidden.grad = weight.grad = None
         print("linear ce ok", loss_weight is None)
 
-    loss = linear_cross_entropy(hidden, weight, labels)
+    loss = linear_cross_entropy(hidden, weight, labels).loss
     try:
         (loss * torch.arange(tokens).float()).sum().backward()
     except RuntimeError as exc:
@@ -93,8 +94,9 @@ def test_chunked_linear_ce_matches_the_reference_on_gpu_at_the_lm_head_shape() -
     (ref * scale).sum().backward()
     ref_grads = hidden.grad.float(), weight.grad.float()
     hidden.grad = weight.grad = None
-    loss = linear_cross_entropy(hidden, weight, labels)
+    loss, predictions = linear_cross_entropy(hidden, weight, labels)
     (loss * scale).sum().backward()
+    assert (predictions == (hidden.detach() @ weight.detach().t()).argmax(-1)).float().mean() > 0.99
     loss_err = (loss - ref).abs().max().item()
     grad_errs = [((a.float() - b).abs().max() / b.abs().max()).item() for a, b in zip((hidden.grad, weight.grad), ref_grads, strict=True)]
     assert loss_err < 2e-2 and max(grad_errs) < 2e-2, (loss_err, grad_errs)

@@ -95,12 +95,19 @@ def test_model_override_and_no_save_reach_the_flags(tiny_data, tmp_path):
     assert code == 2 and "--no-save and --save contradict" in err
 
 
-def test_fused_linear_ce_off_takes_upstreams_logits_path(tiny_data, tmp_path):
+def test_linear_ce_picks_the_heads_loss_path(tiny_data, tmp_path):
+    from nam56r.model.linear_cross_entropy import CHUNKED_LINEAR_CE
+
     base = ["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data)]
-    code, out, err = _run([*base, "--run-dir", str(tmp_path / "on")])
+    code, out, err = _run([*base, "--run-dir", str(tmp_path / "liger")])
     assert code == 0, err
-    assert "--fused-linear-cross-entropy" in _command_line(out)  # the recipes' default: patches 0007/0008's path
-    code, out, err = _run([*base, "--run-dir", str(tmp_path / "off"), "--fused-linear-ce", "off"])
+    flags = _command_line(out)
+    assert "--fused-linear-cross-entropy" in flags and "--fused-linear-cross-entropy-impl" not in flags  # default: Liger
+    code, out, err = _run([*base, "--run-dir", str(tmp_path / "chunked"), "--linear-ce", "chunked"])
+    assert code == 0, err
+    flags = _command_line(out)
+    assert "--fused-linear-cross-entropy" in flags and flags[flags.index("--fused-linear-cross-entropy-impl") + 1] == CHUNKED_LINEAR_CE
+    code, out, err = _run([*base, "--run-dir", str(tmp_path / "logits"), "--linear-ce", "logits"])
     assert code == 0, err
     assert "--fused-linear-cross-entropy" not in _command_line(out)  # Megatron parses it; the heads materialize logits
 
