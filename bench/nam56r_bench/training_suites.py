@@ -53,12 +53,13 @@ def gemm_peak_tflops() -> float:
 
 def train_command(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: tuple[str, ...] = (),
                   extra: tuple[str, ...] = ()) -> list[str]:
-    """`python -m nam56r.training.train` for a bench run: no checkpoint (a proxy checkpoint takes about 44 GiB), and a
+    """`python -m nam56r.training.train` for a bench run: no checkpoint (a proxy checkpoint takes about 44 GiB), a
     one-step learning-rate warm-up, as a run of a few steps needs one shorter than the recipe's (the schedule
-    changes neither speed nor memory). `options`: the launcher's own (e.g. `--linear-ce logits`); `extra`:
+    changes neither speed nor memory), and no DSA dense warm-up: the benches measure the sparse steps the run
+    spends nearly all its time in. `options`: the launcher's own (e.g. `--linear-ce logits`); `extra`:
     Megatron flags after `--`."""
-    command = [sys.executable, "-m", "nam56r.training.train", *RECIPES[recipe], "--steps", str(steps), "--warmup", "1", "--no-save",
-               "--run-dir", str(run_dir), *options]
+    command = [sys.executable, "-m", "nam56r.training.train", *RECIPES[recipe], "--steps", str(steps), "--warmup", "1",
+               "--dense-warmup-steps", "0", "--no-save", "--run-dir", str(run_dir), *options]
     if mbs is not None:
         command += ["--mbs", str(mbs), "--gbs", str(mbs)]
     return command + (["--", *extra] if extra else [])

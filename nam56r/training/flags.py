@@ -6,7 +6,7 @@ command. The architecture flags come from the table Megatron's config for the mo
 writes and from the config Megatron derives from these flags, after checking that the two agree on
 every architecture fact (`architecture_mismatches`); so Megatron's checks, checkpoint metadata and
 logs describe the model that runs. The rest is the recipe's run: parallelism, batch, optimizer, data,
-logging, checkpoints.
+logging, checkpoints, and our own (the model config file, the backend, the DSA phases).
 
 `megatron_validate` runs Megatron's parser and `validate_args` in this process. Megatron's validation
 reads WORLD_SIZE and RANK from the environment: they are set in `os.environ` for that call only and
@@ -135,6 +135,7 @@ def _optional_run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend:
     if recipe.linear_ce == "chunked":
         args += ["--fused-linear-cross-entropy-impl", CHUNKED_LINEAR_CE]  # TransformerConfig field from Megatron patch 0016
     args += ["--nam56r-model-config", str(run.layout.model_config), "--nam56r-backend", backend]
+    args += ["--nam56r-dense-warmup-steps", str(recipe.dsa_phases.dense_warmup_steps)]
     return args
 
 
@@ -143,6 +144,10 @@ def add_nam56r_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("nam56r")
     group.add_argument("--nam56r-model-config", required=True, help="the ModelConfig JSON the launcher wrote")
     group.add_argument("--nam56r-backend", choices=("te", "local"), required=True)
+    group.add_argument(
+        "--nam56r-dense-warmup-steps", type=int, default=0, metavar="N",
+        help="DSA phases: steps 1..N run the dense indexer warm-up, later steps sparse attention (nam56r.training.phases)",
+    )
     group.add_argument(
         "--nam56r-nonfinite-loss-at-step", type=int, metavar="N",
         help="fault injection: make the loss of step N NaN, to test that the run stops naming the step and the last checkpoint",

@@ -4,7 +4,8 @@ forward step and dataset provider.
 Launched by `nam56r.training.train` (never by hand: the launcher writes the model config file this reads
 and prints the exact command). The model is built from that `ModelConfig`; the flags' own view of
 the architecture must agree with it on every fact of `nam56r.model.megatron_fields`' table
-(`architecture_mismatches`) or the run stops before building anything.
+(`architecture_mismatches`) or the run stops before building anything. Every forward step first puts the
+DSA layers in the phase of Megatron's current step (`nam56r.training.phases`, `--nam56r-dense-warmup-steps`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from nam56r.model.config import ModelConfig
 from nam56r.model.megatron_fields import architecture_mismatches
 from nam56r.training.flags import add_nam56r_args, transformer_config_from_args
+from nam56r.training.phases import DsaPhases, PhaseSwitch
 from nam56r.training.run_faults import (
     RUN_STOPPED_EXIT,
     NonFiniteLoss,
@@ -118,11 +120,24 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, context: Ste
     return loss, num_tokens, {"lm loss": torch.cat([loss.detach().view(1), num_tokens.view(1).float()])}
 
 
-def forward_step(data_iterator, model):
+def forward_step(data_iterator, model, *, phase_switch: PhaseSwitch | None = None):
+    """Megatron's forward-step contract. With `phase_switch`, the DSA layers are first put in the phase of
+    Megatron's current step (read from its arguments, so a resumed run is in its checkpoint's phase)."""
+    context = StepContext.current()
+    if phase_switch is not None and context.step is not None:
+        phase_switch.enter(model, context.step)
     device = next(model.parameters()).device
     batch = batch_to(next(data_iterator), device)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"], loss_mask=batch["loss_mask"])
-    return output, partial(loss_func, batch["loss_mask"], context=StepContext.current())
+    return output, partial(loss_func, batch["loss_mask"], context=context)
+
+
+def phase_switch_from_args(args, log=print) -> PhaseSwitch:
+    """The DSA phase switch of a run from Megatron's parsed arguments; refuses a schedule that cannot run."""
+    phases = DsaPhases(args.nam56r_dense_warmup_steps)
+    if problems := phases.problems(args.train_iters or 0):
+        raise SystemExit("--nam56r-dense-warmup-steps: " + "; ".join(problems))
+    return PhaseSwitch(phases, seq_length=args.seq_length, log=log)
 
 
 def gpt_dataset_config(args, tokenizer):
@@ -166,17 +181,20 @@ datasets_provider.is_distributed = True  # Megatron's marker: every rank calls t
 
 def main() -> None:
     from megatron.core.enums import ModelType
-    from megatron.training import pretrain
+    from megatron.training import pretrain, print_rank_0
     from megatron.training.argument_utils import pretrain_cfg_container_from_args
     from megatron.training.arguments import parse_and_validate_args
 
     args = parse_and_validate_args(extra_args_provider=add_nam56r_args)
     if args.tokenizer_type == "NullTokenizer":
         raise SystemExit("the null tokenizer is refused: pass a real tokenizer (`--tokenizer DIR` to nam56r.training.train)")
+    switch = phase_switch_from_args(args, log=print_rank_0)
+    print_rank_0(f"DSA phases: {switch.phases.describe()}")
     cfg = pretrain_cfg_container_from_args(args, None)
+    step = partial(forward_step, phase_switch=switch)
     try:
         with explain_save_failures(args.save):
-            pretrain(cfg, datasets_provider, ModelType.encoder_or_decoder, forward_step, model_provider=model_provider)
+            pretrain(cfg, datasets_provider, ModelType.encoder_or_decoder, step, model_provider=model_provider)
     except RunStopped as exc:
         traceback.print_exc()  # the cause, for the record; the line below is what to read
         print(f"error: {exc}", file=sys.stderr, flush=True)

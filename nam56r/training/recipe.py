@@ -5,6 +5,10 @@ steps, optimizer, precision, runtime switches) and where results go. It holds no
 host-specific: no paths to home directories, no host names. `nam56r.training.flags` lowers it to
 Megatron's own training flags; `nam56r.training.train` launches it.
 
+A recipe names its DSA phases (`nam56r.training.phases`): a dense indexer warm-up for the first
+`dsa_phases.dense_warmup_steps` steps, then sparse attention; the switch happens inside one run, at
+Megatron's step number, so a resumed run continues in the right phase.
+
 Runtime policy is checked here, not applied silently elsewhere: `check()` refuses combinations the
 original team found broken (CUDA graphs at PP=1: TE's graph pool took 39.5 GiB and OOMed the
 production topology) instead of quietly turning a switch off, and model shapes the fused kernels
@@ -14,11 +18,12 @@ refuse (`nam56r.model.fused_constraints`) before anything launches.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal, get_args
 
 from nam56r.model.config import ModelConfig, Precision
 from nam56r.model.presets import PRESETS, get_preset
+from nam56r.training.phases import DsaPhases
 
 BackendChoice = Literal["auto", "te", "local"]
 LinearCE = Literal["liger", "chunked", "logits"]
@@ -56,6 +61,8 @@ class Recipe:
     # LM head and MTP heads: "liger", Liger's fused linear CE (Megatron patches 0007/0008); "chunked", our
     # chunked linear CE (nam56r.model.linear_cross_entropy, through patch 0016); "logits", upstream's logits + CE.
     linear_ce: LinearCE = "liger"
+    # DSA: dense indexer warm-up for the first N steps, then sparse (nam56r.model.dsa_warmup)
+    dsa_phases: DsaPhases = field(default_factory=DsaPhases)
     # Runtime switches, each explicit
     cuda_graphs: bool = False
     compile_mamba_elementwise: bool = False
@@ -137,12 +144,29 @@ class Recipe:
             problems.append(f"min_lr {self.min_lr} exceeds lr {self.lr}")
         if self.warmup_steps >= self.steps:
             problems.append(f"warmup_steps {self.warmup_steps} must be below steps {self.steps} (set it with --warmup)")
+        problems += self.dsa_phases.problems(self.steps)
+        if self.dsa_phases.dense_warmup_steps > 0:
+            problems += _dense_warmup_problems(model)
         if problems:
             raise RecipeError(self.name, problems)
         return self
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _dense_warmup_problems(model: ModelConfig) -> list[str]:
+    """The fused kernels' limits at the warm-up's top-k (the sequence length; `nam56r.model.dsa_warmup`)."""
+    if model.dsa.kernel_backend != "tilelang" or model.seq_length <= model.dsa.topk:
+        return []  # no fused DSA path, or the warm-up's top-k is the sparse one, checked with the model
+    from nam56r.model.fused_constraints import dsa_violations
+
+    widened = replace(model, dsa=replace(model.dsa, topk=model.seq_length))
+    try:
+        found = dsa_violations(widened)
+    except ImportError as exc:
+        return [f"cannot check the dense warm-up's fused DSA shapes: {type(exc).__name__}: {exc}; run `nox -s build`"]
+    return [f"dense warm-up (top-k = seq_length {model.seq_length}): {p}; or pass --dense-warmup-steps 0" for p in found]
 
 
 class RecipeError(ValueError):
@@ -162,6 +186,7 @@ def tiny_1gpu() -> Recipe:
         lr=1e-3,
         min_lr=1e-4,
         warmup_steps=10,
+        dsa_phases=DsaPhases(dense_warmup_steps=5),
         eval_interval=50,
         save_interval=50,
     )
@@ -175,6 +200,7 @@ def proxy_1gpu() -> Recipe:
         micro_batch=1,
         global_batch=8,
         steps=300,
+        dsa_phases=DsaPhases(dense_warmup_steps=50),
         save_interval=100,
     )
 
@@ -189,6 +215,7 @@ def h200x2_ep2() -> Recipe:
         micro_batch=2,
         global_batch=16,
         steps=300,
+        dsa_phases=DsaPhases(dense_warmup_steps=50),
     )
 
 
@@ -202,6 +229,7 @@ def h200x8_bf16() -> Recipe:
         micro_batch=8,
         global_batch=64,
         steps=10_000,
+        dsa_phases=DsaPhases(dense_warmup_steps=1000),  # the original stack's and DeepSeek-V3.2's 1000 steps
         index_cache=True,
         save_interval=500,
         eval_interval=500,
@@ -218,6 +246,7 @@ def h200x8_fp8() -> Recipe:
         micro_batch=10,
         global_batch=80,
         steps=10_000,
+        dsa_phases=DsaPhases(dense_warmup_steps=1000),
         precision="fp8-tensorwise",
         backend="te",
         index_cache=True,

@@ -1,6 +1,10 @@
 """Train, checkpoint, resume: a run resumed from its step-K checkpoint must repeat the uninterrupted
 run's steps K+1..N.
 
+The DSA dense warm-up ends between the checkpoint and the last step (`ResumeCheck.dense_warmup_steps`), so
+the resumed run starts inside the warm-up and switches to sparse attention itself, at Megatron's step
+number (`nam56r.training.phases`); its steps must still repeat the uninterrupted run's.
+
 Both runs go through `python -m nam56r.training.train` (the real launcher, Megatron's `pretrain`) on a small
 corpus built from this machine's PyTorch headers. `python -m nam56r.training.gpu_check` runs it at 20 steps
 resumed from 10; tests/nam56r/test_gpu_train.py at 40 resumed from 20. The first run of a recipe on a
@@ -30,6 +34,8 @@ class ResumeCheck:
     steps: int = 20
     resume_at: int = 10  # the uninterrupted run saves here; the second run resumes from it
     warmup: int = 4
+    # DSA dense warm-up steps; None: halfway between resume_at and steps, so the resumed run crosses the switch
+    dense_warmup: int | None = None
     tolerance: float = 0.02  # largest |lm loss difference| allowed on the resumed steps
     timeout_s: float = 1800.0  # per run; the first compiles the TileLang kernels
 
@@ -38,6 +44,12 @@ class ResumeCheck:
             raise ValueError(f"resume_at {self.resume_at} must lie strictly between 0 and steps {self.steps}")
         if self.warmup >= self.steps:
             raise ValueError(f"warmup {self.warmup} must be below steps {self.steps}")
+        if not 0 <= self.dense_warmup_steps < self.steps:
+            raise ValueError(f"dense_warmup {self.dense_warmup_steps} must lie in [0, steps {self.steps})")
+
+    @property
+    def dense_warmup_steps(self) -> int:
+        return (self.resume_at + self.steps) // 2 if self.dense_warmup is None else self.dense_warmup
 
 
 @dataclass(frozen=True)
@@ -137,7 +149,8 @@ def run_resume_check(check: ResumeCheck, out_dir: Path, data: Path, python: str 
     """The uninterrupted run (checkpoints at resume_at and at the end) in OUT/full, then the run resumed
     from its step-resume_at checkpoint in OUT/resumed, judged by `assess`. `megatron_flags` go to both
     runs after `--`."""
-    common = ["--recipe", check.recipe, "--warmup", str(check.warmup), "--steps", str(check.steps), "--data", str(data)]
+    common = ["--recipe", check.recipe, "--warmup", str(check.warmup), "--steps", str(check.steps),
+              "--dense-warmup-steps", str(check.dense_warmup_steps), "--data", str(data)]
     full_dir, resumed_dir = out_dir / "full", out_dir / "resumed"
     extra = ["--", *megatron_flags] if megatron_flags else []
     launch = train_run("full", full_dir, [*common, "--save-interval", str(check.resume_at), *extra], python, check.timeout_s, echo)

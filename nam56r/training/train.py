@@ -39,6 +39,7 @@ from nam56r.model.megatron_fields import architecture_mismatches
 from nam56r.model.presets import PRESETS
 from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, refused_flags, transformer_config_from_args
 from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
+from nam56r.training.phases import DsaPhases
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
 from nam56r.training.run_dir import RunDir
 
@@ -71,6 +72,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     shape.add_argument("--gpus-per-node", type=int, help="GPUs per node")
     shape.add_argument("--lr", type=float, help="peak learning rate")
     shape.add_argument("--warmup", type=int, dest="warmup_steps", help="learning-rate warm-up steps (below --steps)")
+    shape.add_argument(
+        "--dense-warmup-steps", type=int, metavar="N",
+        help="DSA phases: steps 1..N attend every causal key while the indexer learns Megatron's dense KL, later steps "
+             "attend the indexer's top-k (0: sparse from the first step; below --steps). Megatron's step number decides "
+             "the phase, so a resumed run continues in its own (default: the recipe's, see --list)",
+    )
     shape.add_argument("--save-interval", type=int, help="steps between checkpoints")
     shape.add_argument("--backend", choices=("auto", "te", "local"), help="layer backend (auto: TE when installed)")
     shape.add_argument("--index-cache", choices=("on", "off"), help="IndexCache for the DSA layers")
@@ -103,6 +110,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def recipe_from(args: argparse.Namespace) -> Recipe:
     on_off = {"on": True, "off": False, None: None}
+    phases = DsaPhases(args.dense_warmup_steps) if args.dense_warmup_steps is not None else None
     return get_recipe(
         args.recipe,
         model=args.model,
@@ -122,6 +130,7 @@ def recipe_from(args: argparse.Namespace) -> Recipe:
         dsa_indexer=args.dsa_indexer,
         cuda_graphs=on_off[args.cuda_graphs],
         linear_ce=args.linear_ce,
+        dsa_phases=phases,
     )
 
 
@@ -249,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, make in RECIPES.items():
             r = make()
             shape = f"{r.world_size} GPU  pp={r.pp} ep={r.ep} mbs={r.micro_batch} gbs={r.global_batch}"
-            print(f"{name:14s} {r.model:14s} {shape:34s} {r.precision:15s} {r.description}")
+            warmup = f"dense warm-up {r.dsa_phases.dense_warmup_steps}"
+            print(f"{name:14s} {r.model:14s} {shape:34s} {r.precision:15s} {warmup:18s} {r.description}")
         return 0
     try:
         return run(args, extra)
@@ -279,6 +289,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         f"tp={recipe.tp} pp={recipe.pp} ep={recipe.ep} dp={recipe.data_parallel}, mbs={recipe.micro_batch} gbs={recipe.global_batch}, "
         f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}"
     )
+    print(f"DSA phases: {recipe.dsa_phases.describe()}")
     print(f"data: {data.note}")
     print(f"data checked: {checked}")
     print(
