@@ -37,9 +37,17 @@ from pathlib import Path
 from nam56r import CHECKOUT_ROOT, VERBOSE_ENV, show_known_warnings
 from nam56r.model.megatron_fields import architecture_mismatches
 from nam56r.model.presets import PRESETS
-from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, refused_flags, transformer_config_from_args
+from nam56r.training.flags import (
+    DataPaths,
+    RunPaths,
+    megatron_flags,
+    megatron_validate,
+    recompute_mismatches,
+    refused_flags,
+    transformer_config_from_args,
+)
 from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
-from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
+from nam56r.training.recipe import RECIPES, Recipe, RecipeError, Recompute, get_recipe
 from nam56r.training.run_dir import RunDir
 
 ROOT = CHECKOUT_ROOT
@@ -81,6 +89,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     shape.add_argument("--fused-linear-ce", choices=("on", "off"),
                        help="LM head and MTP heads through the fused linear cross-entropy of Megatron patches 0007/0008 "
                             "(on, the recipes' default) or upstream's logits + cross-entropy (off)")
+    shape.add_argument("--recompute", type=_recompute, metavar="none|all|FAMILY[,FAMILY...]",
+                       help="activation recompute per block family (default none): mamba (our checkpointed Mamba-3 mixer), "
+                            "moe (Megatron's selective 'moe': the whole MoE layer), attention (Megatron's selective "
+                            "'core_attn' and 'mla_up_proj' on the MLA, DSA and MTP attention); e.g. --recompute mamba,moe. "
+                            "Megatron's full recompute (after --) is refused together with these")
     io_group = parser.add_argument_group("data, checkpoints, outputs")
     io_group.add_argument(
         "--data", type=Path, help="a data directory with data.json (nam56r.training.data build/convert) or a train prefix (.bin/.idx)"
@@ -98,6 +111,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("megatron_extra", nargs="*", help="extra Megatron flags after `--` (mock data and the null tokenizer are refused)")
     args = parser.parse_args(argv)
     return args, list(args.megatron_extra)
+
+
+def _recompute(text: str) -> Recompute:
+    try:
+        return Recompute.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def recipe_from(args: argparse.Namespace) -> Recipe:
@@ -121,6 +141,7 @@ def recipe_from(args: argparse.Namespace) -> Recipe:
         dsa_indexer=args.dsa_indexer,
         cuda_graphs=on_off[args.cuda_graphs],
         fused_linear_ce=on_off[args.fused_linear_ce],
+        recompute=args.recompute,
     )
 
 
@@ -236,6 +257,8 @@ def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> str:
         mismatches = architecture_mismatches(model, margs, megatron_cfg)
     if mismatches:
         raise TrainError("the flags describe another model than the config:\n  " + "\n  ".join(mismatches))
+    if clashes := recompute_mismatches(recipe, megatron_cfg):
+        raise TrainError("the flags' activation recompute is not the recipe's:\n  " + "\n  ".join(clashes))
     return f"validated by Megatron's parser as {recipe.world_size} rank(s); its model config matches NAM56R's ({len(argv)} args)"
 
 
@@ -276,7 +299,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     print(
         f"recipe: {recipe.name} ({recipe.description}); model {model.name}, {recipe.world_size} GPU(s), "
         f"tp={recipe.tp} pp={recipe.pp} ep={recipe.ep} dp={recipe.data_parallel}, mbs={recipe.micro_batch} gbs={recipe.global_batch}, "
-        f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}"
+        f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}, recompute {recipe.recompute}"
     )
     print(f"data: {data.note}")
     print(f"data checked: {checked}")
