@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nam56r_bench.harness import ROOT, BenchError, Context, stamp, write_suite
 from nam56r_bench.suites import SUITES
-from nam56r_bench.training_suites import RECIPES
+from nam56r_bench.training_suites import RECIPES, RECOMPUTE_SETTINGS
 
 DEFAULT_OUT = ROOT / "docs" / "bench"
 
@@ -36,9 +36,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--mbs", action="append", type=_positive_int, dest="micro_batches", default=[],
                         help="a micro-batch size the train-step suite runs each model at (global batch = micro-batch, "
                              "one GPU); repeat for several (default: each recipe's own)")
+    parser.add_argument("--recompute", action="append", type=_recompute_setting, default=[], metavar="SETTING",
+                        help="a launcher --recompute setting (none, all, or families joined by commas: mamba,moe,attention) "
+                             "the train-step and microbatch suites run, on the default CE path; repeat for several, or "
+                             f"`each` for {', '.join(RECOMPUTE_SETTINGS)} (default: the recipes' own, no recompute)")
     parser.add_argument("--cache", type=Path, help="the artifact cache the tooling suite fills and builds from "
                         "(default: the patch lane's, ~/.cache/nam56r-patchlane/artifacts)")
     return parser
+
+
+def _recompute_setting(text: str) -> str:
+    from nam56r.training.recipe import Recompute
+
+    if text == "each":
+        return text
+    try:
+        return str(Recompute.parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:
@@ -81,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [s for s in chosen if not s.needs_gpu]
     host = stamp()
     ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)), cache=args.cache,
-                  micro_batches=tuple(dict.fromkeys(args.micro_batches)))
+                  micro_batches=tuple(dict.fromkeys(args.micro_batches)), recompute=tuple(dict.fromkeys(args.recompute)))
     failed = []
     for suite in chosen:
         print(f"== {suite.name}: {suite.summary}", flush=True)

@@ -41,6 +41,7 @@ class Context:
     models: tuple[str, ...] = ()  # the training suites' models (nam56r_bench.training_suites.RECIPES keys); () = the suite's default
     cache: Path | None = None  # the tooling suite's artifact cache; None = the patch lane's default
     micro_batches: tuple[int, ...] = ()  # the train-step suite's micro-batch sizes; () = each recipe's own
+    recompute: tuple[str, ...] = ()  # the training suites' --recompute settings ("each": all of RECOMPUTE_SETTINGS); () = the recipe's
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@
   path of the LM head and MTP heads in the same build: Megatron patches 0007/0008's fused linear CE (the
   recipes' default), our chunked linear CE (`--linear-ce chunked`, patch 0016) and upstream's logits +
   cross-entropy (`--linear-ce logits`).
+  With `--recompute` (bench option) both suites run each recompute setting named instead (the launcher's
+  `--recompute`; `each` is `RECOMPUTE_SETTINGS`), on the default CE path: the micro-batch and TFLOP/s per switch.
 - ``compile-tax``: wall time to the first logged step with empty Triton, TileLang and Inductor caches, then
   again with the caches that run filled. Across runs the stack relies on those compilers' on-disk caches
   (by default ~/.triton/cache and ~/.tilelang/cache; TRITON_CACHE_DIR / TILELANG_CACHE_DIR move them,
@@ -87,6 +89,16 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
     return {"exit": code, "wall_s": time.perf_counter() - start, "first_step_s": first_step_s, "summary": summary, "tail": tail}
 
 
+# The launcher's --recompute settings `--recompute each` runs: none, each family alone, all of them.
+RECOMPUTE_SETTINGS = ("none", "mamba", "moe", "attention", "mamba,moe,attention")
+
+
+def recompute_settings(ctx: Context) -> tuple[str, ...]:
+    """The --recompute settings the training suites run (`each`: RECOMPUTE_SETTINGS); () when none were named."""
+    named = [setting for name in ctx.recompute for setting in (RECOMPUTE_SETTINGS if name == "each" else (name,))]
+    return tuple(dict.fromkeys(named))
+
+
 def train_step(ctx: Context) -> list[Row]:
     require_gpu("train-step")
     peak = gemm_peak_tflops()
@@ -94,17 +106,22 @@ def train_step(ctx: Context) -> list[Row]:
     steps = 12 if ctx.quick else 25
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-train-") as tmp:
         for recipe in models(ctx):
-            for mbs in ctx.micro_batches or (None,):
-                rows.append(_train_step_row(recipe, mbs, Path(tmp) / f"{recipe}-mbs{mbs or 'recipe'}", steps, peak, ctx))
+            for setting in recompute_settings(ctx) or (None,):
+                for mbs in ctx.micro_batches or (None,):
+                    run_dir = Path(tmp) / f"{recipe}-recompute-{(setting or 'recipe').replace(',', '-')}-mbs{mbs or 'recipe'}"
+                    rows.append(_train_step_row(recipe, mbs, run_dir, steps, peak, ctx, recompute=setting))
     return rows
 
 
-def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, peak: float, ctx: Context) -> Row:
-    """One train-step row: a run of `steps` at micro-batch `mbs` (None: the recipe's), profiled for the proxy."""
+def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, peak: float, ctx: Context,
+                    recompute: str | None = None) -> Row:
+    """One train-step row: a run of `steps` at micro-batch `mbs` (None: the recipe's) with the launcher's `--recompute`
+    setting (None: the recipe's), profiled for the proxy."""
     profiled = recipe == "proxy" and not ctx.quick
     profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
-    result = train(recipe, run_dir, mbs=mbs, steps=steps, extra=profile if profiled else ())
-    case = f"{recipe} 1 GPU" + (f" mbs {mbs}" if mbs else "")
+    options = ("--recompute", recompute) if recompute else ()
+    result = train(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=profile if profiled else ())
+    case = f"{recipe} 1 GPU" + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
     extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"]}
     summary = result["summary"]
     if summary is None:
@@ -125,13 +142,20 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
                extra=extra)
 
 
-# The memory paths the microbatch suite compares in one build: the recipes' default, and upstream's logits +
-# cross-entropy for the LM head and MTP heads instead of Megatron patches 0007/0008's fused linear CE.
+# The LM head's and MTP heads' loss paths the microbatch suite compares in one build (the launcher's --linear-ce):
+# the recipes' default (Liger through Megatron patches 0007/0008), our chunked linear CE, upstream's logits + CE.
 CE_PATHS = {
-    "patched (fused linear CE, patches 0007/0008)": (),
+    "Liger fused linear CE (patches 0007/0008)": (),
     "chunked linear CE (nam56r_kernels, patch 0016)": ("--linear-ce", "chunked"),
     "upstream CE (logits + fp32 CE)": ("--linear-ce", "logits"),
 }
+
+
+def microbatch_variants(ctx: Context) -> dict[str, tuple[str, ...]]:
+    """What the microbatch suite compares: the CE paths, or with `--recompute` the recompute settings named."""
+    if settings := recompute_settings(ctx):
+        return {f"recompute {setting}": ("--recompute", setting) for setting in settings}
+    return CE_PATHS
 
 
 def microbatch(ctx: Context) -> list[Row]:
@@ -139,10 +163,10 @@ def microbatch(ctx: Context) -> list[Row]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-mbs-") as tmp:
         for recipe in models(ctx):
-            for side, (variant, options) in enumerate(CE_PATHS.items()):
+            for side, (variant, options) in enumerate(microbatch_variants(ctx).items()):
                 def try_mbs(mbs: int, recipe: str = recipe, side: int = side, variant: str = variant,
                             options: tuple[str, ...] = options) -> dict:
-                    result = train(recipe, Path(tmp) / f"{recipe}-ce{side}-mbs{mbs}", mbs=mbs, steps=3, options=options)
+                    result = train(recipe, Path(tmp) / f"{recipe}-v{side}-mbs{mbs}", mbs=mbs, steps=3, options=options)
                     print(f"[microbatch] {recipe} · {variant} · mbs {mbs}: {describe_attempt(_attempt(result))}", flush=True)
                     return result
 

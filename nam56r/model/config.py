@@ -97,6 +97,9 @@ class Mamba3Config:
     expand: int = 2
     ngroups: int = 8
     rope_fraction: float = 0.5
+    # How it runs, not what it is: recompute the mixer in the backward instead of keeping its activations
+    # (`nam56r.model.recompute`; set from the recipe's `Recompute.mamba`).
+    recompute: bool = False
 
     def num_heads(self, hidden_size: int) -> int:
         return self.expand * hidden_size // self.head_dim

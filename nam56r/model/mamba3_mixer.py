@@ -7,6 +7,10 @@ runs with tensor parallel size 1 only (it says so instead of silently replicatin
 
 Mamba-3's kernels need float32 D, dt_bias, B/C biases and MIMO projections; they are marked
 `keep_fp32`, the opt-out that our Megatron patch 0003 adds to Float16Module.
+
+With `Mamba3Config.recompute` (recipe `Recompute.mamba`, launcher `--recompute mamba`) the mixer runs
+`Mamba3` through `nam56r.model.recompute.checkpointed` while training: Megatron has no recompute hook inside
+a Mamba layer.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from nam56r.model.config import Mamba3Config
 from nam56r.model.local_layers import parameter_device
+from nam56r.model.recompute import checkpointed
 
 # Parameters Mamba-3's kernels read in float32 (mamba patch 0002 casts at the call sites; these stay
 # fp32 in storage too, so Float16Module does not round them through bf16).
@@ -49,6 +54,7 @@ class Mamba3Mixer(MegatronModule):
         if config.sequence_parallel:
             raise NotImplementedError("Mamba3Mixer does not support sequence_parallel (NAM56R trains at TP=1)")
         self.layer_number = layer_number
+        self.recompute = mamba.recompute
         self.mamba3 = Mamba3(
             d_model=d_model,
             d_state=mamba.d_state,
@@ -81,5 +87,8 @@ class Mamba3Mixer(MegatronModule):
             if hidden_states.size(1) != 1:
                 raise ValueError(f"packed sequences need batch 1 ([t, 1, h]), got shape {tuple(hidden_states.shape)}")
             cu_seqlens = packed_seq_params.cu_seqlens_q
-        out = self.mamba3(hidden_states.transpose(0, 1), cu_seqlens=cu_seqlens)
+        if self.recompute and self.training and torch.is_grad_enabled():
+            out = checkpointed(self.mamba3, hidden_states.transpose(0, 1), cu_seqlens=cu_seqlens)
+        else:
+            out = self.mamba3(hidden_states.transpose(0, 1), cu_seqlens=cu_seqlens)
         return out.transpose(0, 1), None

@@ -134,9 +134,30 @@ def _optional_run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend:
         args += ["--fused-linear-cross-entropy"]  # TransformerConfig field from Megatron patch 0007
     if recipe.linear_ce == "chunked":
         args += ["--fused-linear-cross-entropy-impl", CHUNKED_LINEAR_CE]  # TransformerConfig field from Megatron patch 0016
+    if modules := recipe.recompute.megatron_modules():
+        args += ["--recompute-granularity", "selective", "--recompute-modules", *modules]
     args += ["--nam56r-model-config", str(run.layout.model_config), "--nam56r-backend", backend]
     args += ["--nam56r-dense-warmup-steps", str(recipe.dsa_phases.dense_warmup_steps)]
     return args
+
+
+def recompute_mismatches(recipe: Recipe, megatron_cfg) -> list[str]:
+    """Where the recompute Megatron derived from the whole command (extra flags included) is not the recipe's
+    `Recompute`: a full recompute mixed with the family switches (it checkpoints every layer, the switched
+    families inside it again), or extra flags that replaced the selective modules the switches lowered to."""
+    recompute, problems = recipe.recompute, []
+    granularity, modules = megatron_cfg.recompute_granularity, megatron_cfg.recompute_modules or []
+    if granularity == "full" and recompute.families:
+        problems.append(
+            f"--recompute-granularity full checkpoints whole layers of every family; it cannot be mixed with --recompute "
+            f"{recompute}: pass one or the other"
+        )
+    elif missing := [m for m in recompute.megatron_modules() if granularity != "selective" or m not in modules]:
+        problems.append(
+            f"--recompute {recompute} lowers to selective recompute of {', '.join(missing)}, which the extra flags replaced "
+            f"(granularity {granularity!r}, modules {modules}); drop those extra flags"
+        )
+    return problems
 
 
 def add_nam56r_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

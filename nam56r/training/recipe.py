@@ -13,13 +13,19 @@ Runtime policy is checked here, not applied silently elsewhere: `check()` refuse
 original team found broken (CUDA graphs at PP=1: TE's graph pool took 39.5 GiB and OOMed the
 production topology) instead of quietly turning a switch off, and model shapes the fused kernels
 refuse (`nam56r.model.fused_constraints`) before anything launches.
+
+`Recompute` switches activation recompute per block family. Attention and MoE lower to Megatron's selective
+recompute (`nam56r.training.flags`); Megatron has no hook inside a Mamba layer, so the Mamba-3 switch reaches
+the model config and our checkpointed mixer (`nam56r.model.recompute`). Megatron's full recompute checkpoints
+whole layers of every family at once, so it is no family switch: a run that passes it after `--` keeps the
+family switches off (the launcher refuses the mix).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 from nam56r.model.config import ModelConfig, Precision
 from nam56r.model.presets import PRESETS, get_preset
@@ -27,6 +33,41 @@ from nam56r.training.phases import DsaPhases
 
 BackendChoice = Literal["auto", "te", "local"]
 LinearCE = Literal["liger", "chunked", "logits"]
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Activation recompute per block family; all off keeps every activation (the recipes' default)."""
+
+    mamba: bool = False  # our checkpointed Mamba-3 mixer: keeps the mixer's input, recomputes the rest
+    moe: bool = False  # Megatron's selective "moe": the whole MoE layer (router, dispatch, experts, shared expert)
+    attention: bool = False  # Megatron's selective "core_attn" + "mla_up_proj": MLA and DSA layers, the MTP heads' too
+
+    FAMILIES: ClassVar[tuple[str, ...]] = ("mamba", "moe", "attention")
+
+    @classmethod
+    def parse(cls, text: str) -> Recompute:
+        """The launcher's spelling: "none", "all", or families joined by commas ("mamba,moe")."""
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        if names == ["none"]:
+            return cls()
+        if names == ["all"]:
+            return cls(**dict.fromkeys(cls.FAMILIES, True))
+        unknown = [n for n in names if n not in cls.FAMILIES]
+        if unknown or not names:
+            raise ValueError(f"recompute {text!r}: give none, all, or families joined by commas from {', '.join(cls.FAMILIES)}")
+        return cls(**dict.fromkeys(names, True))
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return tuple(name for name in self.FAMILIES if getattr(self, name))
+
+    def __str__(self) -> str:
+        return ",".join(self.families) or "none"
+
+    def megatron_modules(self) -> list[str]:
+        """Megatron's `--recompute-modules` for the attention and MoE switches (empty: no selective recompute)."""
+        return (["core_attn", "mla_up_proj"] if self.attention else []) + (["moe"] if self.moe else [])
 
 
 @dataclass(frozen=True)
@@ -63,6 +104,7 @@ class Recipe:
     linear_ce: LinearCE = "liger"
     # DSA: dense indexer warm-up for the first N steps, then sparse (nam56r.model.dsa_warmup)
     dsa_phases: DsaPhases = field(default_factory=DsaPhases)
+    recompute: Recompute = Recompute()  # activation recompute per block family
     # Runtime switches, each explicit
     cuda_graphs: bool = False
     compile_mamba_elementwise: bool = False
@@ -82,8 +124,8 @@ class Recipe:
         return self.world_size // (self.tp * self.pp)
 
     def model_config(self) -> ModelConfig:
-        """The model this recipe trains: the preset with the recipe's sequence length, precision, IndexCache and
-        DSA indexer."""
+        """The model this recipe trains: the preset with the recipe's sequence length, precision, IndexCache,
+        DSA indexer and Mamba-3 recompute."""
         base = get_preset(self.model)
         return replace(
             base,
@@ -91,6 +133,7 @@ class Recipe:
             precision=self.precision,
             index_cache=replace(base.index_cache, enabled=self.index_cache),
             dsa=replace(base.dsa, indexer=self.dsa_indexer),
+            mamba=replace(base.mamba, recompute=self.recompute.mamba),
         ).validate()
 
     def check(self) -> Recipe:
@@ -140,6 +183,7 @@ class Recipe:
             )
         if self.linear_ce not in get_args(LinearCE):
             problems.append(f"linear_ce {self.linear_ce!r} is not one of {', '.join(get_args(LinearCE))}")
+        problems += recompute_problems(self, model)
         if self.min_lr > self.lr:
             problems.append(f"min_lr {self.min_lr} exceeds lr {self.lr}")
         if self.warmup_steps >= self.steps:
@@ -167,6 +211,36 @@ def _dense_warmup_problems(model: ModelConfig) -> list[str]:
     except ImportError as exc:
         return [f"cannot check the dense warm-up's fused DSA shapes: {type(exc).__name__}: {exc}; run `nox -s build`"]
     return [f"dense warm-up (top-k = seq_length {model.seq_length}): {p}; or pass --dense-warmup-steps 0" for p in found]
+
+
+def recompute_problems(recipe: Recipe, model: ModelConfig) -> list[str]:
+    """What `recipe.recompute` cannot do for `model` in this run, each with the fix."""
+    from nam56r.model.pattern import LayerKind, layout_of
+
+    recompute, problems = recipe.recompute, []
+    counts = layout_of(model).counts()
+    has = {"mamba": counts.get(LayerKind.MAMBA3, 0), "moe": counts.get(LayerKind.MOE, 0),
+           "attention": sum(counts.get(kind, 0) for kind in (LayerKind.MLA, LayerKind.DSA, LayerKind.MTP_ATTENTION))}
+    for family in recompute.families:
+        if not has[family]:
+            problems.append(f"recompute {family}: model {model.name} has no {family} layers ({model.pattern}); drop it from --recompute")
+    if recompute.attention and recipe.precision == "fp8-tensorwise":
+        problems.append(
+            "recompute attention under fp8-tensorwise: Megatron's DSA layers (AbsorbedMLASelfAttention) assert FP8 off when "
+            "they recompute their up-projection (mla_up_proj); train in bf16 or leave attention out of --recompute"
+        )
+    if recompute.attention and model.index_cache.enabled and recipe.pp > 1:
+        problems.append(
+            f"recompute attention with IndexCache at pp={recipe.pp}: a Shared DSA layer recomputed in the backward would read "
+            "the top-k of a later micro-batch (the pipeline schedule runs its forward first); use pp=1, --index-cache off, "
+            "or leave attention out of --recompute"
+        )
+    if recompute.mamba and recipe.cuda_graphs:
+        problems.append(
+            "recompute mamba with CUDA graphs: our checkpointed mixer is not checked under graph capture (Megatron's own "
+            "checkpoint skips itself while capturing); leave one of them off"
+        )
+    return problems
 
 
 class RecipeError(ValueError):

@@ -37,10 +37,18 @@ from pathlib import Path
 from nam56r import CHECKOUT_ROOT, VERBOSE_ENV, show_known_warnings
 from nam56r.model.megatron_fields import architecture_mismatches
 from nam56r.model.presets import PRESETS
-from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, refused_flags, transformer_config_from_args
+from nam56r.training.flags import (
+    DataPaths,
+    RunPaths,
+    megatron_flags,
+    megatron_validate,
+    recompute_mismatches,
+    refused_flags,
+    transformer_config_from_args,
+)
 from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
 from nam56r.training.phases import DsaPhases
-from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
+from nam56r.training.recipe import RECIPES, Recipe, RecipeError, Recompute, get_recipe
 from nam56r.training.run_dir import RunDir
 
 ROOT = CHECKOUT_ROOT
@@ -88,7 +96,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     shape.add_argument("--linear-ce", choices=("liger", "chunked", "logits"),
                        help="LM head and MTP heads: Liger's fused linear cross-entropy through Megatron patches 0007/0008 "
                             "(liger, the recipes' default), our chunked linear cross-entropy through patch 0016 (chunked, "
-                            "nam56r.model.linear_cross_entropy), or upstream's logits + cross-entropy (logits)"),
+                            "nam56r.model.linear_cross_entropy), or upstream's logits + cross-entropy (logits)")
+    shape.add_argument("--recompute", type=_recompute, metavar="none|all|FAMILY[,FAMILY...]",
+                       help="activation recompute per block family (default none): mamba (our checkpointed Mamba-3 mixer), "
+                            "moe (Megatron's selective 'moe': the whole MoE layer), attention (Megatron's selective "
+                            "'core_attn' and 'mla_up_proj' on the MLA, DSA and MTP attention); e.g. --recompute mamba,moe. "
+                            "Megatron's full recompute (after --) is refused together with these")
     io_group = parser.add_argument_group("data, checkpoints, outputs")
     io_group.add_argument(
         "--data", type=Path, help="a data directory with data.json (nam56r.training.data build/convert) or a train prefix (.bin/.idx)"
@@ -106,6 +119,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("megatron_extra", nargs="*", help="extra Megatron flags after `--` (mock data and the null tokenizer are refused)")
     args = parser.parse_args(argv)
     return args, list(args.megatron_extra)
+
+
+def _recompute(text: str) -> Recompute:
+    try:
+        return Recompute.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def recipe_from(args: argparse.Namespace) -> Recipe:
@@ -131,6 +151,7 @@ def recipe_from(args: argparse.Namespace) -> Recipe:
         cuda_graphs=on_off[args.cuda_graphs],
         linear_ce=args.linear_ce,
         dsa_phases=phases,
+        recompute=args.recompute,
     )
 
 
@@ -246,6 +267,8 @@ def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> str:
         mismatches = architecture_mismatches(model, margs, megatron_cfg)
     if mismatches:
         raise TrainError("the flags describe another model than the config:\n  " + "\n  ".join(mismatches))
+    if clashes := recompute_mismatches(recipe, megatron_cfg):
+        raise TrainError("the flags' activation recompute is not the recipe's:\n  " + "\n  ".join(clashes))
     return f"validated by Megatron's parser as {recipe.world_size} rank(s); its model config matches NAM56R's ({len(argv)} args)"
 
 
@@ -287,7 +310,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     print(
         f"recipe: {recipe.name} ({recipe.description}); model {model.name}, {recipe.world_size} GPU(s), "
         f"tp={recipe.tp} pp={recipe.pp} ep={recipe.ep} dp={recipe.data_parallel}, mbs={recipe.micro_batch} gbs={recipe.global_batch}, "
-        f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}"
+        f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}, recompute {recipe.recompute}"
     )
     print(f"DSA phases: {recipe.dsa_phases.describe()}")
     print(f"data: {data.note}")

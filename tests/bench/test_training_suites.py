@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 from nam56r_bench.harness import BenchError, Context
 from nam56r_bench.profile_trace import TRACE_GLOB, profile_breakdown
-from nam56r_bench.training_suites import CE_PATHS, _attempt, describe_attempt, largest_micro_batch, models, train_command
+from nam56r_bench.training_suites import (
+    CE_PATHS,
+    RECOMPUTE_SETTINGS,
+    _attempt,
+    describe_attempt,
+    largest_micro_batch,
+    microbatch_variants,
+    models,
+    recompute_settings,
+    train_command,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,3 +164,23 @@ def test_the_search_finds_the_largest_micro_batch_that_trains(largest: int) -> N
     assert fits == largest
     assert all((mbs <= largest) == (t["exit"] == 0) for mbs, t in tried.items())
     assert largest == 0 or largest + 1 in tried  # the failure that bounds it was tried
+
+
+def test_recompute_settings_run_through_the_launchers_option(tmp_path: Path, megatron_built, capsys: pytest.CaptureFixture) -> None:
+    """`--recompute each` makes the training suites run every setting of RECOMPUTE_SETTINGS (the microbatch suite instead
+    of its CE paths), each the users' command with the launcher's `--recompute`, which its parser and Megatron's accept."""
+    from nam56r.training.train import main as train_main
+
+    assert recompute_settings(Context(tmp_path, quick=False)) == ()
+    assert microbatch_variants(Context(tmp_path, quick=False)) == CE_PATHS
+    ctx = Context(tmp_path, quick=False, recompute=("each", "moe"))
+    assert recompute_settings(ctx) == RECOMPUTE_SETTINGS and "none" in RECOMPUTE_SETTINGS
+    variants = microbatch_variants(ctx)
+    assert list(variants.values()) == [("--recompute", setting) for setting in RECOMPUTE_SETTINGS]
+    expected = {"none": [], "mamba": [], "moe": ["moe"], "attention": ["core_attn", "mla_up_proj"]}
+    for setting, modules in expected.items():
+        command = train_command("proxy", tmp_path / setting, mbs=1, steps=3, options=variants[f"recompute {setting}"])
+        assert train_main([*command[3:], "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert f"recompute {setting}" in out
+        assert (f"--recompute-modules {' '.join(modules)} " in out) if modules else "--recompute-modules" not in out

@@ -112,6 +112,22 @@ def test_linear_ce_picks_the_heads_loss_path(tiny_data, tmp_path):
     assert "--fused-linear-cross-entropy" not in _command_line(out)  # Megatron parses it; the heads materialize logits
 
 
+def test_recompute_reaches_the_flags_and_a_full_recompute_beside_it_is_refused(tiny_data, tmp_path):
+    base = ["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--run-dir", str(tmp_path)]
+    code, out, err = _run([*base, "--recompute", "mamba,attention"])
+    assert code == 0, err
+    assert "recompute mamba,attention" in out
+    flags = _command_line(out)
+    lowered = flags[flags.index("--recompute-granularity") :][:5]
+    assert lowered == ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mla_up_proj"]
+    full = ["--", "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "2"]
+    code, out, _ = _run([*base, "--recompute", "mamba", *full])
+    assert code == 1 and "it cannot be mixed with --recompute mamba" in out  # the dry run names it; a real launch stops
+    with pytest.raises(SystemExit) as exited, contextlib.redirect_stderr(io.StringIO()) as err:
+        train_main([*base, "--recompute", "mlp"])
+    assert exited.value.code == 2 and "give none, all, or families joined by commas" in err.getvalue()
+
+
 def test_mock_data_and_null_tokenizer_are_refused(tiny_data, tmp_path):
     for extra in (["--mock-data"], ["--tokenizer-type", "NullTokenizer"]):
         code, _, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--run-dir", str(tmp_path), "--", *extra])
