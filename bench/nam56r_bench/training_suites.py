@@ -36,6 +36,9 @@ from nam56r_bench.profile_trace import profile_breakdown
 # The full NAM56R on one GPU: the 8-GPU bf16 recipe, one GPU, no expert parallelism.
 RECIPES = {"proxy": ["--recipe", "proxy-1gpu"], "nam56r": ["--recipe", "h200x8-bf16", "--gpus-per-node", "1", "--ep", "1"]}
 FIRST_STEP = re.compile(r"iteration\s+1/")
+# Megatron's print_datetime milestones ("[after model, optimizer, and learning rate scheduler are built] datetime: ..."):
+# where the time to the first step goes (initialisation, model build, data loaders, then the first step's compiles).
+MILESTONE = re.compile(r"\[(?P<what>after [^\]]+)\] datetime: ")
 
 
 def models(ctx: Context) -> tuple[str, ...]:
@@ -75,18 +78,22 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
     print(f"[train] {' '.join(command)}", flush=True)
     start = time.perf_counter()
     first_step_s = None
+    milestones: dict[str, float] = {}
     tail: list[str] = []
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
     assert proc.stdout is not None
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-40:]
+        if (milestone := MILESTONE.search(line)) and milestone["what"] not in milestones:
+            milestones[milestone["what"]] = round(time.perf_counter() - start, 1)
         if first_step_s is None and FIRST_STEP.search(line):
             first_step_s = time.perf_counter() - start
             print(f"[train] first step after {first_step_s:.1f} s", flush=True)
     code = proc.wait()
     summary_file = RunDir(run_dir).summary
     summary = json.loads(summary_file.read_text()) if code == 0 and summary_file.exists() else None
-    return {"exit": code, "wall_s": time.perf_counter() - start, "first_step_s": first_step_s, "summary": summary, "tail": tail}
+    return {"exit": code, "wall_s": time.perf_counter() - start, "first_step_s": first_step_s, "milestones_s": milestones,
+            "summary": summary, "tail": tail}
 
 
 # The launcher's --recompute settings `--recompute each` runs: none, each family alone, all of them.
@@ -122,7 +129,8 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
     options = ("--recompute", recompute) if recompute else ()
     result = train(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=profile if profiled else ())
     case = f"{recipe} 1 GPU" + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
-    extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"]}
+    extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"],
+             "milestones_s": result["milestones_s"]}
     summary = result["summary"]
     if summary is None:
         return Row(case, "patched", extra={**extra, "error": "\n".join(result["tail"][-15:])})
@@ -225,5 +233,5 @@ def compile_tax(ctx: Context) -> list[Row]:
             result = train("proxy", Path(tmp) / variant.replace(" ", "-"), mbs=None, steps=2, env=caches)
             seconds = result["first_step_s"]
             rows.append(Row("proxy time to first step", variant, time_ms=None if seconds is None else seconds * 1e3,
-                            extra={"exit": result["exit"], "wall_s": result["wall_s"]}))
+                            extra={"exit": result["exit"], "wall_s": result["wall_s"], "milestones_s": result["milestones_s"]}))
     return rows

@@ -184,3 +184,20 @@ def test_recompute_settings_run_through_the_launchers_option(tmp_path: Path, meg
         out = capsys.readouterr().out
         assert f"recompute {setting}" in out
         assert (f"--recompute-modules {' '.join(modules)} " in out) if modules else "--recompute-modules" not in out
+
+
+def test_milestones_are_read_from_megatrons_print_datetime_lines(megatron_built) -> None:
+    """compile-tax and train-step split the time to the first step at Megatron's print_datetime milestones; the line
+    format is the pinned print_datetime's, and the milestones are the ones its train() prints."""
+    import inspect
+
+    from megatron.training import training
+    from nam56r_bench.training_suites import MILESTONE
+
+    assert "f'[{string}] datetime: {time_str} '" in inspect.getsource(training.print_datetime)
+    for what in ("after megatron is initialized", "after model, optimizer, and learning rate scheduler are built",
+                 "after dataloaders are built"):
+        assert what in inspect.getsource(training.pretrain).replace("' '", "")
+        line = f"[default0]:[{what}] datetime: 2026-11-25 10:14:01.123456 "
+        assert MILESTONE.search(line)["what"] == what
+    assert MILESTONE.search("[before the start of training step] datetime: 2026-11-25 10:14:01.1 ") is None
