@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 from nam56r_bench.harness import ROOT, BenchError, Context, stamp, write_suite
+from nam56r_bench.plots import render
 from nam56r_bench.suites import SUITES
 from nam56r_bench.training_suites import RECIPES, RECOMPUTE_SETTINGS
 
@@ -28,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("suites", nargs="*", metavar="SUITE", help=f"suites to run: {', '.join(SUITES)} (default: all that can run here)")
     parser.add_argument("--list", action="store_true", help="list the suites and what each needs, then exit")
+    parser.add_argument("--replot", type=Path, metavar="FILE.json",
+                        help="redraw FILE.png from a suite's FILE.json (e.g. docs/bench/kernels.json), then exit")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sweeps: a smoke run, not a result")
     parser.add_argument("--model", action="append", choices=sorted(RECIPES), dest="models", default=[],
@@ -74,6 +78,15 @@ def _has_gpu() -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     gpu = _has_gpu()
+    if args.replot:
+        try:
+            result = json.loads(args.replot.read_text())
+            render(result, args.replot.with_suffix(".png"))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"cannot replot {args.replot}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+        print(f"{args.replot.with_suffix('.png')}")
+        return 0
     if args.list:
         for suite in SUITES.values():
             needs = "GPU" if suite.needs_gpu else "CPU"

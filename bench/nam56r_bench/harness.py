@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nam56r import CHECKOUT_ROOT
+from nam56r_bench.plots import render
 
 ROOT = CHECKOUT_ROOT
 
@@ -173,36 +174,5 @@ def write_suite(suite: Suite, rows: list[Row], ctx: Context, host: dict[str, Any
     }
     path = ctx.out_dir / f"{suite.name}.json"
     path.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
-    plot_rows(rows, f"{suite.name} · {host['gpu']} · {host['commit'][:10]}", ctx.out_dir / f"{suite.name}.png")
+    render(result, path.with_suffix(".png"))
     return path
-
-
-def plot_rows(rows: list[Row], title: str, path: Path) -> None:
-    """Grouped bars per case, one bar per variant: time, and peak extra memory where any row measured it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cases = list(dict.fromkeys(r.case for r in rows))
-    variants = list(dict.fromkeys(r.variant for r in rows))
-    panels = [(key, label) for key, label in (("time_ms", "time (ms)"), ("peak_extra_bytes", "peak extra memory (GiB)"))
-              if any(getattr(r, key) is not None for r in rows)] or [("time_ms", "time (ms)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(max(5, 1.6 * len(cases) + 2) * len(panels), 4.5), squeeze=False)
-    axes = axes[0]
-    for ax, (key, label) in zip(axes, panels, strict=True):
-        width = 0.8 / max(1, len(variants))
-        for v, variant in enumerate(variants):
-            values = []
-            for case in cases:
-                match = next((r for r in rows if r.case == case and r.variant == variant), None)
-                value = getattr(match, key) if match else None
-                values.append(0.0 if value is None else (value / 2**30 if key == "peak_extra_bytes" else value))
-            ax.bar([c + v * width for c in range(len(cases))], values, width, label=variant)
-        ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))], cases, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(label)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

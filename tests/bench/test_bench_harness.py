@@ -78,3 +78,35 @@ def test_outside_a_checkout_the_commit_comes_from_the_build_record(tmp_path: Pat
     copy.mkdir(), env.mkdir()
     write_build_record(env, {"offline": False, "checkout": state_record(CheckoutState("ab" * 20, False))})
     assert checkout_commit(copy, env) == ("ab" * 20 + " (build record)", False)
+
+
+def test_the_kernels_plot_draws_each_ratio_as_a_win_or_a_loss_around_1x(tmp_path: Path, monkeypatch) -> None:
+    """The committed kernels.json redrawn: one bar per ratio on log axes, green at >= 1x and red below."""
+    from matplotlib.axes import Axes
+    from nam56r_bench.plots import LOSS, WIN, render
+
+    result = json.loads((Path(__file__).resolve().parents[2] / "docs" / "bench" / "kernels.json").read_text())
+    drawn: list[tuple[float, float, str]] = []
+    real_barh = Axes.barh
+
+    def barh(self, y, width, left=None, color=None, **kwargs):
+        drawn.append((self.get_xlabel(), left + width if left == 1 else left, color))
+        return real_barh(self, y, width, left=left, color=color, **kwargs)
+
+    monkeypatch.setattr(Axes, "barh", barh)
+    render(result, tmp_path / "kernels.png")
+    assert (tmp_path / "kernels.png").read_bytes()[:4] == b"\x89PNG"
+    speedups = [(value, color) for _, value, color in drawn[: len(result["ratios"])]]
+    assert [round(v, 6) for v, _ in speedups] == [round(r["speedup"], 6) for r in result["ratios"]]
+    assert all(color == (WIN if value >= 1 else LOSS) for value, color in speedups)
+    assert any(color == LOSS for _, color in speedups)  # the losers show
+
+
+def test_replot_redraws_a_png_from_its_json_and_names_a_bad_file(tmp_path: Path) -> None:
+    rows = [Row("a", "reference", time_ms=2.0), Row("a", "fused", time_ms=1.0)]
+    path = write_suite(SUITES["kernels"], rows, Context(tmp_path, quick=True), {"gpu": "NVIDIA H200", "commit": "0" * 40}, 1.0)
+    path.with_suffix(".png").unlink()
+    from nam56r_bench.cli import main
+
+    assert main(["--replot", str(path)]) == 0 and path.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["--replot", str(tmp_path / "missing.json")]) == 2
