@@ -66,7 +66,7 @@ class KernelSweep:
     dsa_score_batches: tuple[int, ...]  # `dsa-scores mb{b}`: one case per micro-batch
     dsa_topk_batch: int  # `dsa-topk mb{b}`
     ce_batch: int  # `lm-head ce` / `mtp ce`: sequences through the output layer
-    moe_tokens: int  # `moe experts (N tokens)`: tokens routed, each to expert_topk experts
+    moe_tokens: int  # `moe experts (N tokens)`, `moe layer ... (N tokens)`: tokens routed, each to expert_topk experts
     mamba_batch: int  # `mamba3 adt region mb{b}`
     dsa_layer_batch: int  # `dsa layer(s) fwd+bwd seq{seq} mb{b}`
 
@@ -87,3 +87,11 @@ def dsa_layer_config(preset: str, indexer: str, index_cache: bool) -> ModelConfi
     return replace(
         config, dsa=replace(config.dsa, indexer=indexer), index_cache=replace(config.index_cache, enabled=index_cache)
     ).validate()
+
+
+def moe_layer_batch(shapes: KernelShapes, sweep: KernelSweep) -> int:
+    """The `moe layer` cases' sweep.moe_tokens tokens as sequences of seq_length (the router's sequence aux
+    loss sees the model's sequences): how many."""
+    if sweep.moe_tokens % shapes.seq_length:
+        raise ValueError(f"moe_tokens {sweep.moe_tokens} is not a whole number of {shapes.seq_length}-token sequences")
+    return sweep.moe_tokens // shapes.seq_length

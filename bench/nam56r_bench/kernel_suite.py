@@ -22,6 +22,12 @@ Cases (each size by the ModelConfig field it is read from):
   ``nam56r_kernels.linear_cross_entropy`` (one MTP depth).
 - ``moe experts``: 32k tokens, top-(moe.topk) of moe.num_experts experts of FFN moe.expert_ffn,
   forward+backward: the per-expert loop (SequentialMLP's computation) vs two grouped GEMMs.
+- ``moe layer fwd+bwd (N tokens)``: one of NAM56R's MoE layers whole (pre-MLP norm, router with its aux loss,
+  Megatron's token dispatcher and permutes, routed experts, shared expert of moe.shared_expert_ffn, residual;
+  nam56r.model.model.build_moe_layer on the recipe backend) on N tokens as seq_length x N/seq_length sequences,
+  in training mode: Megatron's per-expert ``SequentialMLP`` vs our grouped experts, same weights.
+  ``moe layer stages``: each variant's forward split into its stages with CUDA events at module hooks (shared
+  expert, router, dispatch+permute, experts, unpermute+combine), and the backward as the rest of the step.
 - ``mamba3 adt``: the data-dependent-A region (mamba.num_heads(hidden_size) heads) at micro-batch 8, eager vs
   regional ``torch.compile``.
 """
@@ -33,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nam56r_bench.harness import ROOT, Context, Row, cuda_peak_extra_bytes, cuda_time_ms, require_gpu
-from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, dsa_layer_config, kernel_shapes, kernel_sweep
+from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, dsa_layer_config, kernel_shapes, kernel_sweep, moe_layer_batch
 
 
 def _measure(case: str, variant: str, fn: Callable[[], object], ctx: Context, reference=None, **extra) -> tuple[Row, object]:
@@ -212,7 +218,8 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
             for layer, state in zip(layers, weights, strict=True):
                 layer.load_state_dict(state)
                 layer.train()
-            row, result = _measure(case, variant.format(backend=config.dsa.kernel_backend), _dsa_layers_step(built, layers, batch, seq),
+            begin_pass = built.topk_cache.begin_forward if built.topk_cache is not None else None
+            row, result = _measure(case, variant.format(backend=config.dsa.kernel_backend), _layers_step(layers, batch, seq, begin_pass),
                                    ctx, reference=reference)
             rows.append(row)
             reference = reference if reference is not None else result
@@ -221,9 +228,9 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
     return rows
 
 
-def _dsa_layers_step(built, layers: list, batch: int, seq: int) -> Callable[[], tuple]:
-    """Forward+backward of `layers` in order on fixed hidden states in the layers' dtype and device (a new
-    IndexCache pass each time): (output, the input's gradient)."""
+def _layers_step(layers: list, batch: int, seq: int, begin_pass: Callable[[], None] | None = None) -> Callable[[], tuple]:
+    """Forward+backward of `layers` in order on fixed hidden states [seq, batch, hidden] in the layers' dtype and
+    device, `begin_pass` called first (a new IndexCache pass): (output, the input's gradient)."""
     import torch
 
     params = [p for layer in layers for p in layer.parameters()]
@@ -237,8 +244,8 @@ def _dsa_layers_step(built, layers: list, batch: int, seq: int) -> Callable[[], 
         x.grad = None
         for p in params:
             p.grad = None
-        if built.topk_cache is not None:
-            built.topk_cache.begin_forward()
+        if begin_pass is not None:
+            begin_pass()
         h = x
         for layer in layers:
             out = layer(h, attention_mask=None)
@@ -314,6 +321,91 @@ def moe_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row
     return [base, _measure(case, "grouped_mm", step(grouped_mlp), ctx, reference=ref)[0]]
 
 
+MOE_LAYER_VARIANTS = {"sequential": "upstream: Megatron local (SequentialMLP experts)", "grouped": "grouped_mm experts"}
+
+
+def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
+    import torch
+
+    from nam56r.model.model import build_moe_layer
+    from nam56r.model.presets import get_preset
+    from nam56r.model.specs import resolve_backend
+
+    seq, batch = shapes.seq_length, moe_layer_batch(shapes, sweep)
+    config, backend = get_preset(shapes.preset), resolve_backend("auto")
+    case = f"moe layer fwd+bwd ({sweep.moe_tokens} tokens)"
+    rows, stage_rows, reference, weights = [], [], None, None
+    for experts, variant in MOE_LAYER_VARIANTS.items():
+        layer = build_moe_layer(config, backend, device="cuda", params_dtype=torch.bfloat16, experts=experts)
+        if weights is None:
+            weights = layer.state_dict()
+        layer.load_state_dict(weights)
+        layer.train()
+        step = _layers_step([layer], batch, seq)
+        row, result = _measure(case, variant, step, ctx, reference=reference)
+        rows.append(row)
+        reference = reference if reference is not None else result
+        if row.time_ms is not None:
+            stage_rows.append(_moe_stage_row(f"moe layer stages ({sweep.moe_tokens} tokens)", variant, layer, step, ctx))
+        del layer, step, result
+        torch.cuda.empty_cache()
+    return rows + stage_rows
+
+
+# The MoE layer's forward stages, each between two CUDA events recorded at module hooks ("start"/"end" of a
+# module's forward). MoELayer runs the shared expert first, then the router, then the dispatcher's permutes,
+# the experts, and the unpermutes and the shared expert's add.
+MOE_STAGES = {
+    "shared expert": ("shared.start", "shared.end"),
+    "router (+ aux loss)": ("router.start", "router.end"),
+    "dispatch + permute": ("router.end", "experts.start"),
+    "experts": ("experts.start", "experts.end"),
+    "unpermute + combine": ("experts.end", "moe.end"),
+}
+
+
+def _moe_stage_row(case: str, variant: str, layer, step: Callable[[], tuple], ctx: Context) -> Row:
+    """Median ms of each forward stage of `layer` (MOE_STAGES) over a few steps, the whole forward, and the rest
+    of `step` (the backward, and the norm and residual): where the layer's time goes."""
+    import statistics
+
+    import torch
+
+    moe = layer.mlp
+    modules = {"shared": moe.shared_experts, "router": moe.router, "experts": moe.experts}
+    events: dict[str, torch.cuda.Event] = {}
+
+    def record(name: str):
+        def hook(*_):
+            events[name] = torch.cuda.Event(enable_timing=True)
+            events[name].record()
+
+        return hook
+
+    handles = [module.register_forward_pre_hook(record(f"{name}.start")) for name, module in modules.items() if module is not None]
+    handles += [module.register_forward_hook(record(f"{name}.end")) for name, module in modules.items() if module is not None]
+    handles += [moe.register_forward_pre_hook(record("moe.start")), moe.register_forward_hook(record("moe.end"))]
+    samples: dict[str, list[float]] = {}
+    try:
+        for _ in range(3 if ctx.quick else 10):
+            events.clear()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            times = {stage: events[a].elapsed_time(events[b]) for stage, (a, b) in MOE_STAGES.items() if a in events and b in events}
+            times["moe forward"] = events["moe.start"].elapsed_time(events["moe.end"])
+            times["rest of step (backward, norm, residual)"] = start.elapsed_time(end) - times["moe forward"]
+            for stage, ms in times.items():
+                samples.setdefault(stage, []).append(ms)
+    finally:
+        for handle in handles:
+            handle.remove()
+    stages = {stage: round(statistics.median(ms), 3) for stage, ms in samples.items()}
+    return Row(case, variant, time_ms=stages["moe forward"], extra={"stage_ms": stages})
+
+
 def mamba_region_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
     import torch
     from nam56r_kernels.mamba3_regions import adt_dt_compiled, adt_dt_reference
@@ -333,7 +425,7 @@ def mamba_region_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) ->
                            compile_s=round(compile_s, 2))[0]]
 
 
-CASES = (dsa_cases, dsa_layer_cases, cross_entropy_cases, moe_case, mamba_region_case)  # in the order they run
+CASES = (dsa_cases, dsa_layer_cases, cross_entropy_cases, moe_case, moe_layer_cases, mamba_region_case)  # in the order they run
 
 
 def run(ctx: Context) -> list[Row]:

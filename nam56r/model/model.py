@@ -5,7 +5,8 @@ outside training, from the architecture table (`nam56r.model.megatron_fields`) t
 come from too; `build_model` builds the whole model (on the meta device for counting,
 on a GPU for training) from the pattern translation (`nam56r.model.pattern`) and the specs
 (`nam56r.model.specs`); `build_dsa_layers` builds its DSA layers alone, from the same spec (the DSA
-layer tests and bench).
+layer tests and bench), and `build_moe_layer` one of its MoE layers, with our grouped experts or Megatron's
+per-expert `SequentialMLP` (the MoE layer tests and bench).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from nam56r.model.embedding import NgramHashEmbedding
 from nam56r.model.local_layers import parameter_device
 from nam56r.model.megatron_fields import transformer_config_fields
 from nam56r.model.pattern import MEGATRON_SYMBOL, LayerKind, LayerLayout, layout_of
-from nam56r.model.specs import Backend, hybrid_stack_spec
+from nam56r.model.specs import Backend, MoEExperts, hybrid_stack_spec, moe_layer_spec
 
 
 def megatron_config(config: ModelConfig, *, params_dtype: torch.dtype = torch.float32, meta: bool = False) -> MLATransformerConfig:
@@ -288,3 +289,31 @@ def build_dsa_layers(
         for layer in layers.values():
             layer.cuda(torch.cuda.current_device())
     return BuiltDSALayers(layers=layers, index_cache_plan=plan, topk_cache=cache)
+
+
+def build_moe_layer(
+    config: ModelConfig,
+    backend: Backend,
+    *,
+    device: str = "cpu",
+    params_dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    experts: MoEExperts = "grouped",
+) -> torch.nn.Module:
+    """NAM56R's first MoE layer alone (pre-MLP norm, router, token dispatcher, routed experts, shared expert,
+    residual), from the model's spec and runtime config as `build_model` builds it, numbered as in the model:
+    for the MoE layer tests and bench. `experts="grouped"` is the model's (our `GroupedMLPExperts` on
+    `local`); `"sequential"` is Megatron's `SequentialMLP` on the same linears, with the same parameter names
+    (a `state_dict` moves between the two). The dispatcher is the runtime config's: Megatron's all-to-all on
+    "cuda", all-gather on "cpu" (`_runtime_megatron_config`). The layer takes hidden states [s, b, hidden_size]
+    and returns (output, None)."""
+    from megatron.core.transformer.spec_utils import build_module
+
+    number = layout_of(config).layer_numbers(LayerKind.MOE)[0]
+    mcfg, pg_collection = _runtime_megatron_config(config, backend, device, params_dtype, None, None, seed)
+    spec = moe_layer_spec(config, backend, experts)
+    with nullcontext() if device == "cuda" else cuda_buffers_on(device), torch.device("meta") if device == "meta" else nullcontext():
+        layer = build_module(spec, config=mcfg, layer_number=number, pg_collection=pg_collection, add_layer_offset=False)
+    if device == "cuda":
+        layer.cuda(torch.cuda.current_device())
+    return layer

@@ -53,6 +53,10 @@ from nam56r.model.mamba3_mixer import Mamba3Mixer
 from nam56r.model.moe_experts import GroupedMLPExperts
 
 Backend = Literal["te", "local"]
+# The routed experts of a MoE layer: the backend's grouped experts (ours on `local`, TE's on `te`), or
+# Megatron's per-expert `SequentialMLP` on the backend's linears (the baseline the MoE layer bench measures).
+MoEExperts = Literal["grouped", "sequential"]
+MOE_EXPERTS: tuple[MoEExperts, ...] = ("grouped", "sequential")
 logger = logging.getLogger(__name__)
 _announced: set[str] = set()
 
@@ -171,14 +175,26 @@ def _dsa_layer(modules: _BackendModules, config: ModelConfig, plan: IndexCachePl
     )
 
 
+def moe_layer_spec(config: ModelConfig, backend: Backend, experts: MoEExperts = "grouped") -> ModuleSpec:
+    """NAM56R's MoE layer (pre-MLP norm, Megatron's MoELayer: router, token dispatcher, routed experts, shared
+    expert; residual add) on `backend`, with `experts` as its routed experts."""
+    if experts not in MOE_EXPERTS:
+        raise ValueError(f"experts must be one of {MOE_EXPERTS}, got {experts!r}")
+    modules = _BackendModules(backend)
+    moe = get_moe_module_spec_for_backend(
+        backend=modules.provider, num_experts=config.moe.num_experts, moe_grouped_gemm=modules.grouped_gemm and experts == "grouped"
+    )
+    return ModuleSpec(
+        module=MoETransformerLayer,
+        submodules=TransformerLayerSubmodules(pre_mlp_layernorm=modules.norm, mlp=moe, mlp_bda=get_bias_dropout_add),
+    )
+
+
 def hybrid_stack_spec(
     config: ModelConfig, backend: Backend, *, index_cache_plan: IndexCachePlan | None = None, topk_cache: TopkCache | None = None
 ) -> ModuleSpec:
     """The HybridStack spec for `config` on `backend` (IndexCache wired in when a plan is given)."""
     modules = _BackendModules(backend)
-    moe = get_moe_module_spec_for_backend(
-        backend=modules.provider, num_experts=config.moe.num_experts, moe_grouped_gemm=modules.grouped_gemm
-    )
     mla = _mla_layer(modules)
     return ModuleSpec(
         module=HybridStack,
@@ -203,10 +219,7 @@ def hybrid_stack_spec(
                 ),
             ),
             final_norm=modules.norm,  # Megatron patch 0009 (HybridStack's final norm from the spec)
-            moe_layer=ModuleSpec(
-                module=MoETransformerLayer,
-                submodules=TransformerLayerSubmodules(pre_mlp_layernorm=modules.norm, mlp=moe, mlp_bda=get_bias_dropout_add),
-            ),
+            moe_layer=moe_layer_spec(config, backend),
             mtp_block_spec=ModuleSpec(
                 module=MultiTokenPredictionBlock,
                 submodules=MultiTokenPredictionBlockSubmodules(

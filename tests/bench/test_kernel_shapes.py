@@ -93,7 +93,7 @@ def test_the_dsa_layer_cases_measure_every_indexer_path(megatron_built) -> None:
 DSA_LAYER_STEP_SCRIPT = """
 import torch
 from nam56r.model.model import build_dsa_layers, cuda_buffers_on
-from nam56r_bench.kernel_suite import _dsa_layers_step
+from nam56r_bench.kernel_suite import _layers_step
 from tests.nam56r.test_dsa_fused_indexer import layer_config
 
 outputs = []
@@ -107,7 +107,7 @@ for indexer in ("megatron", "fused"):
     for layer in layers:
         layer.train()
     with cuda_buffers_on("cpu"):
-        out, x_grad = _dsa_layers_step(built, layers, 2, 48)()
+        out, x_grad = _layers_step(layers, 2, 48, built.topk_cache.begin_forward)()
     assert out.shape == x_grad.shape == (48, 2, layers[0].config.hidden_size) and bool(torch.isfinite(x_grad).all())
     outputs.append((out, x_grad))
 torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
@@ -125,3 +125,23 @@ def test_the_kernel_suite_imports_without_torch_or_megatron() -> None:
             "print(sorted(m for m in ('torch', 'megatron', 'nam56r_kernels') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_moe_layer_cases_run_the_sweeps_tokens_as_whole_sequences() -> None:
+    from nam56r_bench.kernel_shapes import moe_layer_batch
+
+    shapes = kernel_shapes()
+    assert moe_layer_batch(shapes, FULL_SWEEP) * shapes.seq_length == FULL_SWEEP.moe_tokens == 32768
+    assert moe_layer_batch(shapes, QUICK_SWEEP) * shapes.seq_length == QUICK_SWEEP.moe_tokens
+    with pytest.raises(ValueError, match="not a whole number of 4096-token sequences"):
+        moe_layer_batch(shapes, replace(FULL_SWEEP, moe_tokens=5000))
+
+
+def test_the_moe_layer_cases_compare_megatrons_sequential_experts_with_ours(megatron_built) -> None:
+    from nam56r_bench.harness import BASELINE_PREFIXES
+    from nam56r_bench.kernel_suite import CASES, MOE_LAYER_VARIANTS, moe_layer_cases
+
+    from nam56r.model.specs import MOE_EXPERTS
+
+    assert set(MOE_LAYER_VARIANTS) == set(MOE_EXPERTS) and moe_layer_cases in CASES
+    assert [v.startswith(BASELINE_PREFIXES) for v in MOE_LAYER_VARIANTS.values()] == [True, False]  # the first is the baseline

@@ -1,0 +1,94 @@
+"""nam56r.model.model.build_moe_layer: one of NAM56R's MoE layers whole (norm, router, dispatcher, experts, shared
+expert) with Megatron's SequentialMLP experts and with our GroupedMLPExperts, built on CPU from the model's spec at
+nam56r-tiny's widths: the same parameters, and with the same weights the same output and gradients in fp32. The
+kernels bench's `moe layer` case times these two layers at the nam56r preset on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+TOKENS = (24, 2)  # [seq, batch]
+
+
+@pytest.fixture(scope="module")
+def layers(megatron_built):
+    from nam56r.model.model import build_moe_layer
+    from nam56r.model.presets import get_preset
+
+    config = get_preset("nam56r-tiny")
+    torch.manual_seed(0)
+    sequential = build_moe_layer(config, "local", experts="sequential")
+    torch.manual_seed(1)  # a different init: the load below is what makes them equal
+    grouped = build_moe_layer(config, "local", experts="grouped")
+    grouped.load_state_dict(sequential.state_dict(), strict=True)
+    return config, sequential, grouped
+
+
+def test_the_baseline_is_megatrons_sequential_mlp_and_ours_the_grouped_experts(layers) -> None:
+    from megatron.core.transformer.moe.experts import SequentialMLP
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.moe.shared_experts import SharedExpertMLP
+
+    from nam56r.model.moe_experts import GroupedMLPExperts
+    from nam56r.model.pattern import LayerKind, layout_of
+
+    config, sequential, grouped = layers
+    assert type(sequential.mlp.experts) is SequentialMLP and type(grouped.mlp.experts) is GroupedMLPExperts
+    for layer in (sequential, grouped):
+        assert type(layer.mlp) is MoELayer and isinstance(layer.mlp.shared_experts, SharedExpertMLP)
+        assert layer.layer_number == layout_of(config).layer_numbers(LayerKind.MOE)[0]
+        assert len(layer.mlp.experts.local_experts) == config.moe.num_experts
+        assert layer.mlp.router.topk == config.moe.topk
+    assert [n for n, _ in sequential.named_parameters()] == [n for n, _ in grouped.named_parameters()]
+
+
+def test_an_unknown_experts_kind_is_refused(megatron_built) -> None:
+    from nam56r.model.model import build_moe_layer
+    from nam56r.model.presets import get_preset
+
+    with pytest.raises(ValueError, match="experts must be one of .* got 'loop'"):
+        build_moe_layer(get_preset("nam56r-tiny"), "local", experts="loop")
+
+
+def step(layer, x: torch.Tensor, grad_out: torch.Tensor):
+    from nam56r.model.model import cuda_buffers_on
+
+    layer.train()
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_()
+    with cuda_buffers_on("cpu"):  # the router moves its weight to torch.cuda.current_device()
+        out, _ = layer(x, attention_mask=None)
+    out.backward(grad_out)
+    return out.detach(), x.grad, {name: p.grad for name, p in layer.named_parameters()}
+
+
+def test_same_weights_same_output_and_gradients_in_fp32(layers) -> None:
+    config, sequential, grouped = layers
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(*TOKENS, config.hidden_size, generator=g)
+    grad_out = torch.randn(*TOKENS, config.hidden_size, generator=g)
+    ref_out, ref_x_grad, ref_grads = step(sequential, x, grad_out)
+    out, x_grad, grads = step(grouped, x, grad_out)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x_grad, ref_x_grad, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == ref_grads.keys()
+    for name, ref_grad in ref_grads.items():
+        assert ref_grad is not None and grads[name] is not None, name
+        torch.testing.assert_close(grads[name], ref_grad, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    routed = [name for name in ref_grads if ".local_experts." in name]
+    assert sum(bool(ref_grads[name].abs().sum() > 0) for name in routed) > len(routed) // 2  # the tokens reached the experts
+
+
+def test_the_bench_step_runs_both_layers_to_the_same_result(layers) -> None:
+    from nam56r_bench.kernel_suite import _layers_step
+
+    from nam56r.model.model import cuda_buffers_on
+
+    _, sequential, grouped = layers
+    results = []
+    for layer in (sequential, grouped):
+        layer.train()
+        with cuda_buffers_on("cpu"):
+            results.append(_layers_step([layer], TOKENS[1], TOKENS[0])())
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
