@@ -38,37 +38,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nam56r_bench.harness import ROOT, Context, Row, cuda_peak_extra_bytes, cuda_time_ms, require_gpu
-from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, dsa_layer_config, kernel_shapes, kernel_sweep, moe_layer_batch
-
-
-def _measure(case: str, variant: str, fn: Callable[[], object], ctx: Context, reference=None, **extra) -> tuple[Row, object]:
-    import torch
-
-    print(f"[kernels] {case} · {variant}", flush=True)
-    try:
-        peak, result = cuda_peak_extra_bytes(fn)
-        error = None if reference is None else _relative_error(result, reference)
-        ms = cuda_time_ms(fn, warmup=1 if ctx.quick else 3, iters=3 if ctx.quick else 10)
-    except torch.cuda.OutOfMemoryError as exc:
-        torch.cuda.empty_cache()
-        return Row(case, variant, extra={"error": f"out of memory: {str(exc).splitlines()[0]}", **extra}), None
-    return Row(case, variant, time_ms=ms, peak_extra_bytes=peak, max_error=error, extra=extra), result
-
-
-def _relative_error(got, want) -> float:
-    import torch
-
-    pairs = zip(got, want, strict=True) if isinstance(got, (tuple, list)) else [(got, want)]
-    worst = 0.0
-    for a, b in pairs:
-        a, b = a.float(), b.float()
-        finite = torch.isfinite(b)
-        if not torch.equal(finite, torch.isfinite(a)):
-            return float("inf")
-        scale = b[finite].abs().max().clamp_min(1e-30)
-        worst = max(worst, ((a[finite] - b[finite]).abs().max() / scale).item())
-    return worst
+from nam56r_bench.case_measure import measure, relative_error
+from nam56r_bench.harness import ROOT, Context, Row, require_gpu
+from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, kernel_shapes, kernel_sweep
+from nam56r_bench.layer_cases import dsa_layer_cases, moe_layer_cases
 
 
 def _indexer_inputs(batch: int, shapes: KernelShapes):
@@ -140,8 +113,8 @@ def _dsa_scores_case(batch: int, base: _DsaBaselines, ctx: Context) -> list[Row]
 
     case = f"dsa-scores mb{batch}"
     q, k, w = _indexer_inputs(batch, base.shapes)
-    upstream, ref = _measure(case, "upstream (core_v0.19.0 einsum)", lambda: base.upstream_scores(q, w, k) + base.mask, ctx)
-    patched, ref_patched = _measure(case, "upstream + patch 0002 (per head)", lambda: dsa._compute_index_scores(q, w, k) + base.mask, ctx)
+    upstream, ref = measure(case, "upstream (core_v0.19.0 einsum)", lambda: base.upstream_scores(q, w, k) + base.mask, ctx)
+    patched, ref_patched = measure(case, "upstream + patch 0002 (per head)", lambda: dsa._compute_index_scores(q, w, k) + base.mask, ctx)
     rows = [upstream, patched]
     if base.tilelang_logits is not None:
 
@@ -151,11 +124,11 @@ def _dsa_scores_case(batch: int, base: _DsaBaselines, ctx: Context) -> list[Row]
                                               base.ends, clean_logits=True, use_relu=True)
             return logits
 
-        rows.append(_measure(case, "upstream TileLang indexer (per sequence)", tilelang_scores, ctx)[0])
+        rows.append(measure(case, "upstream TileLang indexer (per sequence)", tilelang_scores, ctx)[0])
     else:
         rows.append(Row(case, "upstream TileLang indexer (per sequence)", extra={"error": base.tilelang_missing}))
     reference = ref if ref is not None else ref_patched
-    rows.append(_measure(case, "fused", lambda: index_scores_fused(q, k, w, causal=True), ctx, reference=reference)[0])
+    rows.append(measure(case, "fused", lambda: index_scores_fused(q, k, w, causal=True), ctx, reference=reference)[0])
     return rows
 
 
@@ -167,7 +140,7 @@ def _dsa_topk_case(batch: int, base: _DsaBaselines, ctx: Context) -> list[Row]:
     seq, topk = base.shapes.seq_length, base.shapes.dsa_topk
     case = f"dsa-topk mb{batch}"
     q, k, w = _indexer_inputs(batch, base.shapes)
-    naive, (ref_scores, _) = _measure(
+    naive, (ref_scores, _) = measure(
         case, "upstream + patch 0002 scores, torch.topk", lambda: (dsa._compute_index_scores(q, w, k) + base.mask).topk(topk, dim=-1), ctx
     )
     rows = [naive]
@@ -180,80 +153,17 @@ def _dsa_topk_case(batch: int, base: _DsaBaselines, ctx: Context) -> list[Row]:
                                              base.ends, topk)
             return out
 
-        rows.append(_measure(case, "upstream TileLang indexer + torch.topk", tilelang_selection, ctx)[0])
+        rows.append(measure(case, "upstream TileLang indexer + torch.topk", tilelang_selection, ctx)[0])
     else:
         rows.append(Row(case, "upstream TileLang indexer + torch.topk", extra={"error": base.tilelang_missing}))
-    rows.append(_measure(case, "fused scores + torch.topk", lambda: index_scores_fused(q, k, w, causal=True).topk(topk, dim=-1), ctx)[0])
-    fused_row, fused = _measure(case, "fused", lambda: index_topk_fused(q, k, w, topk), ctx)
+    rows.append(measure(case, "fused scores + torch.topk", lambda: index_scores_fused(q, k, w, causal=True).topk(topk, dim=-1), ctx)[0])
+    fused_row, fused = measure(case, "fused", lambda: index_topk_fused(q, k, w, topk), ctx)
     if fused is not None:
         same_rows = (fused[0].sort(-1).values == ref_scores.sort(-1).values).all(-1).float().mean().item()
         fused_row = Row(fused_row.case, fused_row.variant, fused_row.time_ms, fused_row.peak_extra_bytes,
-                        _relative_error(fused[0], ref_scores), {"rows_with_identical_scores": same_rows})
+                        relative_error(fused[0], ref_scores), {"rows_with_identical_scores": same_rows})
     rows.append(fused_row)
     return rows
-
-
-DSA_LAYER_VARIANTS = {"megatron": "upstream (Megatron's indexer, dsa_kernel_backend={backend})", "fused": "fused top-k + sparse loss"}
-
-
-def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
-    import torch
-
-    from nam56r.model.model import build_dsa_layers
-    from nam56r.model.specs import resolve_backend
-
-    batch, seq, backend = sweep.dsa_layer_batch, shapes.seq_length, resolve_backend("auto")
-    rows = []
-    for index_cache in (False, True):
-        share_group = dsa_layer_config(shapes.preset, "megatron", index_cache).index_cache.share_group
-        case = (f"dsa layers fwd+bwd seq{seq} mb{batch}, IndexCache 1 Full + {share_group - 1} Shared" if index_cache
-                else f"dsa layer fwd+bwd seq{seq} mb{batch}")
-        reference, weights = None, None
-        for indexer, variant in DSA_LAYER_VARIANTS.items():
-            config = dsa_layer_config(shapes.preset, indexer, index_cache)
-            built = build_dsa_layers(config, backend, device="cuda", params_dtype=torch.bfloat16)
-            layers = [built.layers[n] for n in sorted(built.layers)[: share_group if index_cache else 1]]
-            if weights is None:
-                weights = [layer.state_dict() for layer in layers]
-            for layer, state in zip(layers, weights, strict=True):
-                layer.load_state_dict(state)
-                layer.train()
-            begin_pass = built.topk_cache.begin_forward if built.topk_cache is not None else None
-            row, result = _measure(case, variant.format(backend=config.dsa.kernel_backend), _layers_step(layers, batch, seq, begin_pass),
-                                   ctx, reference=reference)
-            rows.append(row)
-            reference = reference if reference is not None else result
-            del built, layers, result
-            torch.cuda.empty_cache()
-    return rows
-
-
-def _layers_step(layers: list, batch: int, seq: int, begin_pass: Callable[[], None] | None = None) -> Callable[[], tuple]:
-    """Forward+backward of `layers` in order on fixed hidden states [seq, batch, hidden] in the layers' dtype and
-    device, `begin_pass` called first (a new IndexCache pass): (output, the input's gradient)."""
-    import torch
-
-    params = [p for layer in layers for p in layer.parameters()]
-    device, dtype = params[0].device, params[0].dtype
-    g = torch.Generator(device=device).manual_seed(0)
-    hidden = layers[0].config.hidden_size
-    x = torch.randn(seq, batch, hidden, device=device, generator=g).to(dtype).requires_grad_()
-    grad_out = torch.randn(seq, batch, hidden, device=device, generator=g).to(dtype)
-
-    def step() -> tuple:
-        x.grad = None
-        for p in params:
-            p.grad = None
-        if begin_pass is not None:
-            begin_pass()
-        h = x
-        for layer in layers:
-            out = layer(h, attention_mask=None)
-            h = out[0] if isinstance(out, tuple) else out
-        h.backward(grad_out)
-        return h.detach(), x.grad
-
-    return step
 
 
 def cross_entropy_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
@@ -285,10 +195,10 @@ def cross_entropy_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) 
     cases = ("lm-head ce", "mtp ce (one depth)") if shapes.mtp_depths else ("lm-head ce",)
     rows = []
     for case in cases:
-        base, ref = _measure(case, f"upstream (logits + fp32 CE), mb{batch}", unfused, ctx)
+        base, ref = measure(case, f"upstream (logits + fp32 CE), mb{batch}", unfused, ctx)
         rows.append(base)
-        rows.append(_measure(case, f"patch 0007/0008 fused linear CE, mb{batch}", fused, ctx, reference=ref)[0])
-        rows.append(_measure(case, f"chunked linear CE (nam56r_kernels), mb{batch}", chunked, ctx, reference=ref)[0])
+        rows.append(measure(case, f"patch 0007/0008 fused linear CE, mb{batch}", fused, ctx, reference=ref)[0])
+        rows.append(measure(case, f"chunked linear CE (nam56r_kernels), mb{batch}", chunked, ctx, reference=ref)[0])
         del ref
         if ctx.quick:
             break
@@ -317,93 +227,8 @@ def moe_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row
         return run
 
     case = f"moe experts ({sweep.moe_tokens} tokens)"
-    base, ref = _measure(case, "reference (per-expert loop)", step(grouped_mlp_reference), ctx)
-    return [base, _measure(case, "grouped_mm", step(grouped_mlp), ctx, reference=ref)[0]]
-
-
-MOE_LAYER_VARIANTS = {"sequential": "upstream: Megatron local (SequentialMLP experts)", "grouped": "grouped_mm experts"}
-
-
-def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
-    import torch
-
-    from nam56r.model.model import build_moe_layer
-    from nam56r.model.presets import get_preset
-    from nam56r.model.specs import resolve_backend
-
-    seq, batch = shapes.seq_length, moe_layer_batch(shapes, sweep)
-    config, backend = get_preset(shapes.preset), resolve_backend("auto")
-    case = f"moe layer fwd+bwd ({sweep.moe_tokens} tokens)"
-    rows, stage_rows, reference, weights = [], [], None, None
-    for experts, variant in MOE_LAYER_VARIANTS.items():
-        layer = build_moe_layer(config, backend, device="cuda", params_dtype=torch.bfloat16, experts=experts)
-        if weights is None:
-            weights = layer.state_dict()
-        layer.load_state_dict(weights)
-        layer.train()
-        step = _layers_step([layer], batch, seq)
-        row, result = _measure(case, variant, step, ctx, reference=reference)
-        rows.append(row)
-        reference = reference if reference is not None else result
-        if row.time_ms is not None:
-            stage_rows.append(_moe_stage_row(f"moe layer stages ({sweep.moe_tokens} tokens)", variant, layer, step, ctx))
-        del layer, step, result
-        torch.cuda.empty_cache()
-    return rows + stage_rows
-
-
-# The MoE layer's forward stages, each between two CUDA events recorded at module hooks ("start"/"end" of a
-# module's forward). MoELayer runs the shared expert first, then the router, then the dispatcher's permutes,
-# the experts, and the unpermutes and the shared expert's add.
-MOE_STAGES = {
-    "shared expert": ("shared.start", "shared.end"),
-    "router (+ aux loss)": ("router.start", "router.end"),
-    "dispatch + permute": ("router.end", "experts.start"),
-    "experts": ("experts.start", "experts.end"),
-    "unpermute + combine": ("experts.end", "moe.end"),
-}
-
-
-def _moe_stage_row(case: str, variant: str, layer, step: Callable[[], tuple], ctx: Context) -> Row:
-    """Median ms of each forward stage of `layer` (MOE_STAGES) over a few steps, the whole forward, and the rest
-    of `step` (the backward, and the norm and residual): where the layer's time goes."""
-    import statistics
-
-    import torch
-
-    moe = layer.mlp
-    modules = {"shared": moe.shared_experts, "router": moe.router, "experts": moe.experts}
-    events: dict[str, torch.cuda.Event] = {}
-
-    def record(name: str):
-        def hook(*_):
-            events[name] = torch.cuda.Event(enable_timing=True)
-            events[name].record()
-
-        return hook
-
-    handles = [module.register_forward_pre_hook(record(f"{name}.start")) for name, module in modules.items() if module is not None]
-    handles += [module.register_forward_hook(record(f"{name}.end")) for name, module in modules.items() if module is not None]
-    handles += [moe.register_forward_pre_hook(record("moe.start")), moe.register_forward_hook(record("moe.end"))]
-    samples: dict[str, list[float]] = {}
-    try:
-        for _ in range(3 if ctx.quick else 10):
-            events.clear()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            times = {stage: events[a].elapsed_time(events[b]) for stage, (a, b) in MOE_STAGES.items() if a in events and b in events}
-            times["moe forward"] = events["moe.start"].elapsed_time(events["moe.end"])
-            times["rest of step (backward, norm, residual)"] = start.elapsed_time(end) - times["moe forward"]
-            for stage, ms in times.items():
-                samples.setdefault(stage, []).append(ms)
-    finally:
-        for handle in handles:
-            handle.remove()
-    stages = {stage: round(statistics.median(ms), 3) for stage, ms in samples.items()}
-    return Row(case, variant, time_ms=stages["moe forward"], extra={"stage_ms": stages})
+    base, ref = measure(case, "reference (per-expert loop)", step(grouped_mlp_reference), ctx)
+    return [base, measure(case, "grouped_mm", step(grouped_mlp), ctx, reference=ref)[0]]
 
 
 def mamba_region_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
@@ -420,8 +245,8 @@ def mamba_region_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) ->
     torch.cuda.synchronize()
     compile_s = time.perf_counter() - start
     case = f"mamba3 adt region mb{batch}"
-    base, ref = _measure(case, "reference (eager)", lambda: adt_dt_reference(dd_a, dd_dt, dt_bias, a_floor), ctx)
-    return [base, _measure(case, "torch.compile", lambda: compiled(dd_a, dd_dt, dt_bias, a_floor), ctx, reference=ref,
+    base, ref = measure(case, "reference (eager)", lambda: adt_dt_reference(dd_a, dd_dt, dt_bias, a_floor), ctx)
+    return [base, measure(case, "torch.compile", lambda: compiled(dd_a, dd_dt, dt_bias, a_floor), ctx, reference=ref,
                            compile_s=round(compile_s, 2))[0]]
 
 

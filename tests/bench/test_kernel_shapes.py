@@ -81,7 +81,8 @@ def test_the_dsa_layer_cases_model_is_the_preset_with_only_the_indexer_path_and_
 
 
 def test_the_dsa_layer_cases_measure_every_indexer_path(megatron_built) -> None:
-    from nam56r_bench.kernel_suite import CASES, DSA_LAYER_VARIANTS, dsa_layer_cases
+    from nam56r_bench.kernel_suite import CASES
+    from nam56r_bench.layer_cases import DSA_LAYER_VARIANTS, dsa_layer_cases
 
     from nam56r.model.dsa_fused_indexer import INDEXER_PATHS
 
@@ -93,7 +94,7 @@ def test_the_dsa_layer_cases_measure_every_indexer_path(megatron_built) -> None:
 DSA_LAYER_STEP_SCRIPT = """
 import torch
 from nam56r.model.model import build_dsa_layers, cuda_buffers_on
-from nam56r_bench.kernel_suite import _layers_step
+from nam56r_bench.layer_cases import _layers_step
 from tests.nam56r.test_dsa_fused_indexer import layer_config
 
 outputs = []
@@ -139,7 +140,8 @@ def test_the_moe_layer_cases_run_the_sweeps_tokens_as_whole_sequences() -> None:
 
 def test_the_moe_layer_cases_compare_megatrons_sequential_experts_with_ours(megatron_built) -> None:
     from nam56r_bench.harness import BASELINE_PREFIXES
-    from nam56r_bench.kernel_suite import CASES, MOE_LAYER_VARIANTS, moe_layer_cases
+    from nam56r_bench.kernel_suite import CASES
+    from nam56r_bench.layer_cases import MOE_LAYER_VARIANTS, moe_layer_cases
 
     from nam56r.model.specs import MOE_EXPERTS
 

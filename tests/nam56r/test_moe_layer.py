@@ -81,7 +81,7 @@ def test_same_weights_same_output_and_gradients_in_fp32(layers) -> None:
 
 
 def test_the_bench_step_runs_both_layers_to_the_same_result(layers) -> None:
-    from nam56r_bench.kernel_suite import _layers_step
+    from nam56r_bench.layer_cases import _layers_step
 
     from nam56r.model.model import cuda_buffers_on
 

@@ -1,0 +1,158 @@
+"""The kernels suite's whole-layer cases (GPU): NAM56R's DSA layers and an MoE layer, forward+backward in
+training mode, each path against Megatron's on the same weights (the cases are described in
+`nam56r_bench.kernel_suite`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from nam56r_bench.case_measure import measure
+from nam56r_bench.harness import Context, Row
+from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, dsa_layer_config, moe_layer_batch
+
+DSA_LAYER_VARIANTS = {"megatron": "upstream (Megatron's indexer, dsa_kernel_backend={backend})", "fused": "fused top-k + sparse loss"}
+
+
+def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
+    import torch
+
+    from nam56r.model.model import build_dsa_layers
+    from nam56r.model.specs import resolve_backend
+
+    batch, seq, backend = sweep.dsa_layer_batch, shapes.seq_length, resolve_backend("auto")
+    rows = []
+    for index_cache in (False, True):
+        share_group = dsa_layer_config(shapes.preset, "megatron", index_cache).index_cache.share_group
+        case = (f"dsa layers fwd+bwd seq{seq} mb{batch}, IndexCache 1 Full + {share_group - 1} Shared" if index_cache
+                else f"dsa layer fwd+bwd seq{seq} mb{batch}")
+        reference, weights = None, None
+        for indexer, variant in DSA_LAYER_VARIANTS.items():
+            config = dsa_layer_config(shapes.preset, indexer, index_cache)
+            built = build_dsa_layers(config, backend, device="cuda", params_dtype=torch.bfloat16)
+            layers = [built.layers[n] for n in sorted(built.layers)[: share_group if index_cache else 1]]
+            if weights is None:
+                weights = [layer.state_dict() for layer in layers]
+            for layer, state in zip(layers, weights, strict=True):
+                layer.load_state_dict(state)
+                layer.train()
+            begin_pass = built.topk_cache.begin_forward if built.topk_cache is not None else None
+            row, result = measure(case, variant.format(backend=config.dsa.kernel_backend), _layers_step(layers, batch, seq, begin_pass),
+                                   ctx, reference=reference)
+            rows.append(row)
+            reference = reference if reference is not None else result
+            del built, layers, result
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _layers_step(layers: list, batch: int, seq: int, begin_pass: Callable[[], None] | None = None) -> Callable[[], tuple]:
+    """Forward+backward of `layers` in order on fixed hidden states [seq, batch, hidden] in the layers' dtype and
+    device, `begin_pass` called first (a new IndexCache pass): (output, the input's gradient)."""
+    import torch
+
+    params = [p for layer in layers for p in layer.parameters()]
+    device, dtype = params[0].device, params[0].dtype
+    g = torch.Generator(device=device).manual_seed(0)
+    hidden = layers[0].config.hidden_size
+    x = torch.randn(seq, batch, hidden, device=device, generator=g).to(dtype).requires_grad_()
+    grad_out = torch.randn(seq, batch, hidden, device=device, generator=g).to(dtype)
+
+    def step() -> tuple:
+        x.grad = None
+        for p in params:
+            p.grad = None
+        if begin_pass is not None:
+            begin_pass()
+        h = x
+        for layer in layers:
+            out = layer(h, attention_mask=None)
+            h = out[0] if isinstance(out, tuple) else out
+        h.backward(grad_out)
+        return h.detach(), x.grad
+
+    return step
+
+
+MOE_LAYER_VARIANTS = {"sequential": "upstream: Megatron local (SequentialMLP experts)", "grouped": "grouped_mm experts"}
+
+
+def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
+    import torch
+
+    from nam56r.model.model import build_moe_layer
+    from nam56r.model.presets import get_preset
+    from nam56r.model.specs import resolve_backend
+
+    seq, batch = shapes.seq_length, moe_layer_batch(shapes, sweep)
+    config, backend = get_preset(shapes.preset), resolve_backend("auto")
+    case = f"moe layer fwd+bwd ({sweep.moe_tokens} tokens)"
+    rows, stage_rows, reference, weights = [], [], None, None
+    for experts, variant in MOE_LAYER_VARIANTS.items():
+        layer = build_moe_layer(config, backend, device="cuda", params_dtype=torch.bfloat16, experts=experts)
+        if weights is None:
+            weights = layer.state_dict()
+        layer.load_state_dict(weights)
+        layer.train()
+        step = _layers_step([layer], batch, seq)
+        row, result = measure(case, variant, step, ctx, reference=reference)
+        rows.append(row)
+        reference = reference if reference is not None else result
+        if row.time_ms is not None:
+            stage_rows.append(_moe_stage_row(f"moe layer stages ({sweep.moe_tokens} tokens)", variant, layer, step, ctx))
+        del layer, step, result
+        torch.cuda.empty_cache()
+    return rows + stage_rows
+
+
+# The MoE layer's forward stages, each between two CUDA events recorded at module hooks ("start"/"end" of a
+# module's forward). MoELayer runs the shared expert first, then the router, then the dispatcher's permutes,
+# the experts, and the unpermutes and the shared expert's add.
+MOE_STAGES = {
+    "shared expert": ("shared.start", "shared.end"),
+    "router (+ aux loss)": ("router.start", "router.end"),
+    "dispatch + permute": ("router.end", "experts.start"),
+    "experts": ("experts.start", "experts.end"),
+    "unpermute + combine": ("experts.end", "moe.end"),
+}
+
+
+def _moe_stage_row(case: str, variant: str, layer, step: Callable[[], tuple], ctx: Context) -> Row:
+    """Median ms of each forward stage of `layer` (MOE_STAGES) over a few steps, the whole forward, and the rest
+    of `step` (the backward, and the norm and residual): where the layer's time goes."""
+    import statistics
+
+    import torch
+
+    moe = layer.mlp
+    modules = {"shared": moe.shared_experts, "router": moe.router, "experts": moe.experts}
+    events: dict[str, torch.cuda.Event] = {}
+
+    def record(name: str):
+        def hook(*_):
+            events[name] = torch.cuda.Event(enable_timing=True)
+            events[name].record()
+
+        return hook
+
+    handles = [module.register_forward_pre_hook(record(f"{name}.start")) for name, module in modules.items() if module is not None]
+    handles += [module.register_forward_hook(record(f"{name}.end")) for name, module in modules.items() if module is not None]
+    handles += [moe.register_forward_pre_hook(record("moe.start")), moe.register_forward_hook(record("moe.end"))]
+    samples: dict[str, list[float]] = {}
+    try:
+        for _ in range(3 if ctx.quick else 10):
+            events.clear()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            times = {stage: events[a].elapsed_time(events[b]) for stage, (a, b) in MOE_STAGES.items() if a in events and b in events}
+            times["moe forward"] = events["moe.start"].elapsed_time(events["moe.end"])
+            times["rest of step (backward, norm, residual)"] = start.elapsed_time(end) - times["moe forward"]
+            for stage, ms in times.items():
+                samples.setdefault(stage, []).append(ms)
+    finally:
+        for handle in handles:
+            handle.remove()
+    stages = {stage: round(statistics.median(ms), 3) for stage, ms in samples.items()}
+    return Row(case, variant, time_ms=stages["moe forward"], extra={"stage_ms": stages})

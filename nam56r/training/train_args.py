@@ -1,0 +1,80 @@
+"""The launcher's command line (`python -m nam56r.training.train --help`): recipe, overrides, data and outputs,
+several nodes; Megatron flags of your own after `--`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from nam56r.model.presets import PRESETS
+from nam56r.training.recipe import RECIPES, Recompute
+
+
+def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Namespace, list[str]]:
+    """(the launcher's options, the Megatron flags after `--`); `description` heads `--help` (the launcher's docstring)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m nam56r.training.train", description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--recipe", default="proxy-1gpu", choices=sorted(RECIPES), help="named run shape (default proxy-1gpu)")
+    parser.add_argument("--list", action="store_true", help="list the recipes and exit")
+    parser.add_argument("--dry-run", action="store_true", help="print the checks, the preflight and the exact command; start nothing")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every upstream warning, including the known ones filtered by default")
+    shape = parser.add_argument_group("overrides of the recipe")
+    shape.add_argument("--model", choices=sorted(PRESETS), help="model preset (e.g. nam56r on a recipe whose default is the proxy)")
+    shape.add_argument("--mbs", type=int, dest="micro_batch", help="micro-batch size per GPU")
+    shape.add_argument("--gbs", type=int, dest="global_batch", help="global batch size (sequences per step)")
+    shape.add_argument("--steps", type=int, help="training steps")
+    shape.add_argument("--seq", type=int, dest="seq_length", help="sequence length")
+    shape.add_argument("--ep", type=int, help="expert-parallel size")
+    shape.add_argument("--pp", type=int, help="pipeline-parallel size")
+    shape.add_argument("--nodes", type=int, help="number of nodes")
+    shape.add_argument("--gpus-per-node", type=int, help="GPUs per node")
+    shape.add_argument("--lr", type=float, help="peak learning rate")
+    shape.add_argument("--warmup", type=int, dest="warmup_steps", help="learning-rate warm-up steps (below --steps)")
+    shape.add_argument(
+        "--dense-warmup-steps", type=int, metavar="N",
+        help="DSA phases: steps 1..N attend every causal key while the indexer learns Megatron's dense KL, later steps "
+             "attend the indexer's top-k (0: sparse from the first step; below --steps). Megatron's step number decides "
+             "the phase, so a resumed run continues in its own (default: the recipe's, see --list)",
+    )
+    shape.add_argument("--save-interval", type=int, help="steps between checkpoints")
+    shape.add_argument("--backend", choices=("auto", "te", "local"), help="layer backend (auto: TE when installed)")
+    shape.add_argument("--index-cache", choices=("on", "off"), help="IndexCache for the DSA layers")
+    shape.add_argument("--dsa-indexer", choices=("megatron", "fused"),
+                       help="how DSA layers select their top-k and train the indexer: Megatron's indexer (the default) or the "
+                            "fused Triton top-k with the sparse loss on the selected keys (nam56r.model.dsa_fused_indexer)")
+    shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
+    shape.add_argument("--linear-ce", choices=("liger", "chunked", "logits"),
+                       help="LM head and MTP heads: Liger's fused linear cross-entropy through Megatron patches 0007/0008 "
+                            "(liger, the recipes' default), our chunked linear cross-entropy through patch 0016 (chunked, "
+                            "nam56r.model.linear_cross_entropy), or upstream's logits + cross-entropy (logits)")
+    shape.add_argument("--recompute", type=_recompute, metavar="none|all|FAMILY[,FAMILY...]",
+                       help="activation recompute per block family (default none): mamba (our checkpointed Mamba-3 mixer), "
+                            "moe (Megatron's selective 'moe': the whole MoE layer), attention (Megatron's selective "
+                            "'core_attn' and 'mla_up_proj' on the MLA, DSA and MTP attention); e.g. --recompute mamba,moe. "
+                            "Megatron's full recompute (after --) is refused together with these")
+    io_group = parser.add_argument_group("data, checkpoints, outputs")
+    io_group.add_argument(
+        "--data", type=Path, help="a data directory with data.json (nam56r.training.data build/convert) or a train prefix (.bin/.idx)"
+    )
+    io_group.add_argument("--valid-data", type=Path, help="validation prefix, when --data is a prefix")
+    io_group.add_argument("--tokenizer", type=Path, help="HuggingFace tokenizer directory, when --data is a prefix")
+    io_group.add_argument("--save", type=Path, help="checkpoint directory (default RUN_DIR/checkpoints)")
+    io_group.add_argument("--load", type=Path, help="resume from this checkpoint directory")
+    io_group.add_argument("--no-save", action="store_true", help="write no checkpoint (throughput runs); refused with --save")
+    io_group.add_argument("--run-dir", type=Path, help="logs, events, summary and plot (default runs/<recipe>-<time>)")
+    multi = parser.add_argument_group("several nodes")
+    multi.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0 (run the same command on every node)")
+    multi.add_argument("--node-rank", type=int, default=0, help="this node's rank, with --rdzv-endpoint")
+    multi.add_argument("--slurm-script", type=Path, help="write an sbatch script for the run instead of launching")
+    parser.add_argument("megatron_extra", nargs="*", help="extra Megatron flags after `--` (mock data and the null tokenizer are refused)")
+    args = parser.parse_args(argv)
+    return args, list(args.megatron_extra)
+
+
+def _recompute(text: str) -> Recompute:
+    try:
+        return Recompute.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
