@@ -11,7 +11,6 @@ chunked path folds into its gradients in forward.
 from __future__ import annotations
 
 import torch
-from nam56r_kernels.linear_cross_entropy import linear_cross_entropy
 
 CHUNKED_LINEAR_CE = "nam56r.model.linear_cross_entropy:megatron_linear_cross_entropy"
 
@@ -22,6 +21,9 @@ def megatron_linear_cross_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hidden_states [s, b, h], weight [V, h], labels and loss_mask [b, s] -> (fp32 loss [b, s], argmax [s, b] or
     None): `fused_linear_cross_entropy`'s contract (Megatron patches 0007 and 0016)."""
+    # Imported here: the launcher lowers CHUNKED_LINEAR_CE into its flags and should not load Triton to do so.
+    from nam56r_kernels.linear_cross_entropy import linear_cross_entropy
+
     s, b, h = hidden_states.shape
     if labels.shape != (b, s):
         raise ValueError(f"labels must be [b, s] = [{b}, {s}], got {tuple(labels.shape)}")
