@@ -74,19 +74,23 @@ def linear_cross_entropy(
                          f"{tuple(loss_weight.shape)} on {loss_weight.device}")
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    return LinearCrossEntropy(*_LinearCrossEntropy.apply(hidden, weight, labels, loss_weight, ignore_index, chunk_bytes))
+    # Function.apply reports needs_input_grad from requires_grad even under no_grad: evaluation would pay the two
+    # gradient GEMMs per chunk and hold the gradient buffers for nothing.
+    gradients = torch.is_grad_enabled()
+    return LinearCrossEntropy(*_LinearCrossEntropy.apply(hidden, weight, labels, loss_weight, ignore_index, chunk_bytes,
+                                                         gradients))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, loss_weight, ignore_index, chunk_bytes):
+    def forward(ctx, hidden, weight, labels, loss_weight, ignore_index, chunk_bytes, gradients):
         tokens, vocab = hidden.shape[0], weight.shape[0]
         kept = labels != ignore_index
         weights = kept.float() if loss_weight is None else loss_weight.float() * kept
         loss = torch.empty(tokens, dtype=torch.float32, device=hidden.device)
         predictions = torch.empty(tokens, dtype=torch.int64, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        grad_hidden = torch.empty_like(hidden) if gradients and ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if gradients and ctx.needs_input_grad[1] else None
         chunk = max(1, min(tokens, chunk_bytes // (vocab * hidden.element_size())))
         logits = torch.empty(chunk, vocab, dtype=hidden.dtype, device=hidden.device)
         for start in range(0, tokens, chunk):
@@ -104,17 +108,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_weight.addmm_(block.t(), x)
         ctx.save_for_backward(grad_hidden, grad_weight, weights, kept)
         ctx.mark_non_differentiable(predictions)
+        ctx.backward_ran = False
         return loss, predictions
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_predictions):
+        if ctx.backward_ran:
+            raise RuntimeError("linear_cross_entropy's backward runs once: it scales the gradients it computed in forward "
+                               "in place (backward with retain_graph=True a second time is not supported)")
+        ctx.backward_ran = True
         grad_hidden, grad_weight, weights, kept = ctx.saved_tensors
         scale = _gradient_scale(grad_loss.float(), weights, kept)
         # In place: these buffers are this call's own, and a scaled copy would double the weight gradient's memory.
         return (
             None if grad_hidden is None else grad_hidden.mul_(scale.to(grad_hidden.dtype)),
             None if grad_weight is None else grad_weight.mul_(scale.to(grad_weight.dtype)),
-            None, None, None, None,
+            None, None, None, None, None,
         )
 
 

@@ -40,6 +40,25 @@ INTERPRETER_SCRIPT = textwrap.dedent(
         hidden.grad = weight.grad = None
         print("linear ce ok", loss_weight is None)
 
+    # Evaluation: the logits GEMM per chunk only, no gradient GEMMs.
+    real_matmul, calls = torch.matmul, []
+    torch.matmul = lambda *args, **kwargs: calls.append(1) or real_matmul(*args, **kwargs)
+    with torch.no_grad():
+        evaluated = linear_cross_entropy(hidden, weight, labels, chunk_bytes=3 * vocab * 4).loss
+    torch.matmul = real_matmul
+    assert len(calls) == 4 and evaluated.grad_fn is None, calls  # 10 tokens in chunks of 3
+    torch.testing.assert_close(evaluated, linear_cross_entropy_reference(hidden, weight, labels).detach(), atol=1e-5, rtol=1e-5)
+    print("evaluation computes no gradients")
+
+    loss = linear_cross_entropy(hidden, weight, labels).loss
+    (loss * 0.5).sum().backward(retain_graph=True)
+    try:
+        (loss * 0.5).sum().backward()
+    except RuntimeError as exc:
+        assert "backward runs once" in str(exc), exc
+        print("second backward refused")
+    hidden.grad = weight.grad = None
+
     loss = linear_cross_entropy(hidden, weight, labels).loss
     try:
         (loss * torch.arange(tokens).float()).sum().backward()
@@ -53,6 +72,7 @@ INTERPRETER_SCRIPT = textwrap.dedent(
 def test_chunked_linear_ce_matches_the_reference_under_the_triton_interpreter(run_interpreted) -> None:
     stdout = run_interpreted(INTERPRETER_SCRIPT, timeout=600)
     assert stdout.count("linear ce ok") == 2 and "gradient shape refused" in stdout, stdout
+    assert "evaluation computes no gradients" in stdout and "second backward refused" in stdout, stdout
 
 
 def test_the_chunked_path_refuses_cpu_tensors_without_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
