@@ -35,6 +35,7 @@ Cases (each size by the ModelConfig field it is read from):
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -258,5 +259,9 @@ def run(ctx: Context) -> list[Row]:
     shapes, sweep = kernel_shapes(), kernel_sweep(ctx.quick)
     rows: list[Row] = []
     for cases in CASES:
-        rows += cases(ctx, shapes, sweep)
+        try:
+            rows += cases(ctx, shapes, sweep)
+        except Exception as exc:  # noqa: BLE001 - one broken case group must not cost the others' measurements
+            traceback.print_exc()
+            rows.append(Row(cases.__name__, "all variants", extra={"error": f"{type(exc).__name__}: {exc}"[:2000]}))
     return rows

@@ -46,12 +46,14 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
 
 
 def _layers_step(layers: list, batch: int, seq: int, begin_pass: Callable[[], None] | None = None) -> Callable[[], tuple]:
-    """Forward+backward of `layers` in order on fixed hidden states [seq, batch, hidden] in the layers' dtype and
-    device, `begin_pass` called first (a new IndexCache pass): (output, the input's gradient)."""
+    """Forward+backward of `layers` in order on fixed hidden states [seq, batch, hidden] in the layers' configured
+    `params_dtype` (what Float16Module hands a layer in training; some parameters, such as DSA's kept-fp32 ones, are
+    not in that dtype) on their device, `begin_pass` called first (a new IndexCache pass): (output, the input's
+    gradient)."""
     import torch
 
     params = [p for layer in layers for p in layer.parameters()]
-    device, dtype = params[0].device, params[0].dtype
+    device, dtype = params[0].device, layers[0].config.params_dtype
     g = torch.Generator(device=device).manual_seed(0)
     hidden = layers[0].config.hidden_size
     x = torch.randn(seq, batch, hidden, device=device, generator=g).to(dtype).requires_grad_()
