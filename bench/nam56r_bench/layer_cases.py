@@ -33,7 +33,7 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
             if weights is None:
                 weights = [layer.state_dict() for layer in layers]
             for layer, state in zip(layers, weights, strict=True):
-                layer.load_state_dict(state)
+                as_trained(layer).load_state_dict(state)
                 layer.train()
             begin_pass = built.topk_cache.begin_forward if built.topk_cache is not None else None
             row, result = measure(case, variant.format(backend=config.dsa.kernel_backend), _layers_step(layers, batch, seq, begin_pass),
@@ -43,6 +43,16 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
             del built, layers, result
             torch.cuda.empty_cache()
     return rows
+
+
+def as_trained(layer):
+    """`layer` with the parameter dtypes training gives it: Megatron's Float16Module casts the model to bf16 except
+    the parameters marked `keep_fp32` (patch 0003), including plain torch modules inside a layer (DSA's indexer
+    LayerNorm) that the builder's params_dtype does not reach."""
+    import torch
+    from megatron.core.transformer.module import _cast_except_kept_fp32
+
+    return _cast_except_kept_fp32(layer, torch.nn.Module.bfloat16)
 
 
 def _layers_step(layers: list, batch: int, seq: int, begin_pass: Callable[[], None] | None = None) -> Callable[[], tuple]:
@@ -92,8 +102,8 @@ def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
     for experts, variant in MOE_LAYER_VARIANTS.items():
         layer = build_moe_layer(config, backend, device="cuda", params_dtype=torch.bfloat16, experts=experts)
         if weights is None:
-            weights = layer.state_dict()
-        layer.load_state_dict(weights)
+            weights = as_trained(layer).state_dict()
+        as_trained(layer).load_state_dict(weights)
         layer.train()
         step = _layers_step([layer], batch, seq)
         row, result = measure(case, variant, step, ctx, reference=reference)
