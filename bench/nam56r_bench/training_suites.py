@@ -5,9 +5,9 @@
   memory, and, from a PyTorch-profiler trace of the proxy's steps 20-22, the top-10 kernels by CUDA time with
   their share of the step and the GPU-idle share (`nam56r_bench.profile_trace`).
 - ``microbatch``: the largest micro-batch that trains 3 steps at sequence 4096, proxy and full, on each memory
-  path of the LM head and MTP heads in the same build: Megatron patches 0007/0008's fused linear CE (the
-  recipes' default), our chunked linear CE (`--linear-ce chunked`, patch 0016) and upstream's logits +
-  cross-entropy (`--linear-ce logits`).
+  path of the LM head and MTP heads in the same build: Megatron patches 0007/0008's fused linear CE
+  (`--linear-ce liger`), our chunked linear CE (`--linear-ce chunked`, patch 0016, the recipes' default) and
+  upstream's logits + cross-entropy (`--linear-ce logits`).
   With `--recompute` (bench option) both suites run each recompute setting named instead (the launcher's
   `--recompute`; `each` is `RECOMPUTE_SETTINGS`), on the default CE path: the micro-batch and TFLOP/s per switch.
 - ``compile-tax``: wall time to the first logged step with empty Triton, TileLang and Inductor caches, then
@@ -150,10 +150,11 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
                extra=extra)
 
 
-# The LM head's and MTP heads' loss paths the microbatch suite compares in one build (the launcher's --linear-ce):
-# the recipes' default (Liger through Megatron patches 0007/0008), our chunked linear CE, upstream's logits + CE.
+# The LM head's and MTP heads' loss paths the microbatch suite compares in one build (the launcher's --linear-ce,
+# each named): Liger through Megatron patches 0007/0008, our chunked linear CE (the recipes' default), upstream's
+# logits + CE.
 CE_PATHS = {
-    "Liger fused linear CE (patches 0007/0008)": (),
+    "Liger fused linear CE (patches 0007/0008)": ("--linear-ce", "liger"),
     "chunked linear CE (nam56r_kernels, patch 0016)": ("--linear-ce", "chunked"),
     "upstream CE (logits + fp32 CE)": ("--linear-ce", "logits"),
 }

@@ -99,9 +99,11 @@ class Recipe:
     backend: BackendChoice = "auto"
     index_cache: bool = False
     dsa_indexer: Literal["megatron", "fused"] = "megatron"  # DSAConfig.indexer: Megatron's indexer or the fused top-k
-    # LM head and MTP heads: "liger", Liger's fused linear CE (Megatron patches 0007/0008); "chunked", our
-    # chunked linear CE (nam56r.model.linear_cross_entropy, through patch 0016); "logits", upstream's logits + CE.
-    linear_ce: LinearCE = "liger"
+    # LM head and MTP heads: "chunked", our chunked linear CE (nam56r.model.linear_cross_entropy, through patch
+    # 0016), the default because docs/bench/kernels.json shows it faster than logits + CE with 1.75 GiB extra;
+    # "liger", Liger's fused linear CE (Megatron patches 0007/0008), slower than logits + CE there; "logits",
+    # upstream's logits + CE.
+    linear_ce: LinearCE = "chunked"
     # DSA: dense indexer warm-up for the first N steps, then sparse (nam56r.model.dsa_warmup)
     dsa_phases: DsaPhases = field(default_factory=DsaPhases)
     recompute: Recompute = Recompute()  # activation recompute per block family

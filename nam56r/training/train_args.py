@@ -46,9 +46,9 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                             "fused Triton top-k with the sparse loss on the selected keys (nam56r.model.dsa_fused_indexer)")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
     shape.add_argument("--linear-ce", choices=("liger", "chunked", "logits"),
-                       help="LM head and MTP heads: Liger's fused linear cross-entropy through Megatron patches 0007/0008 "
-                            "(liger, the recipes' default), our chunked linear cross-entropy through patch 0016 (chunked, "
-                            "nam56r.model.linear_cross_entropy), or upstream's logits + cross-entropy (logits)")
+                       help="LM head and MTP heads: our chunked linear cross-entropy through Megatron patch 0016 (chunked, "
+                            "the recipes' default; nam56r.model.linear_cross_entropy), Liger's fused linear cross-entropy "
+                            "through patches 0007/0008 (liger), or upstream's logits + cross-entropy (logits)")
     shape.add_argument("--recompute", type=_recompute, metavar="none|all|FAMILY[,FAMILY...]",
                        help="activation recompute per block family (default none): mamba (our checkpointed Mamba-3 mixer), "
                             "moe (Megatron's selective 'moe': the whole MoE layer), attention (Megatron's selective "

@@ -99,14 +99,14 @@ def test_linear_ce_picks_the_heads_loss_path(tiny_data, tmp_path):
     from nam56r.model.linear_cross_entropy import CHUNKED_LINEAR_CE
 
     base = ["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data)]
-    code, out, err = _run([*base, "--run-dir", str(tmp_path / "liger")])
+    code, out, err = _run([*base, "--run-dir", str(tmp_path / "default")])
     assert code == 0, err
-    flags = _command_line(out)
-    assert "--fused-linear-cross-entropy" in flags and "--fused-linear-cross-entropy-impl" not in flags  # default: Liger
-    code, out, err = _run([*base, "--run-dir", str(tmp_path / "chunked"), "--linear-ce", "chunked"])
-    assert code == 0, err
-    flags = _command_line(out)
+    flags = _command_line(out)  # default: chunked
     assert "--fused-linear-cross-entropy" in flags and flags[flags.index("--fused-linear-cross-entropy-impl") + 1] == CHUNKED_LINEAR_CE
+    code, out, err = _run([*base, "--run-dir", str(tmp_path / "liger"), "--linear-ce", "liger"])
+    assert code == 0, err
+    flags = _command_line(out)
+    assert "--fused-linear-cross-entropy" in flags and "--fused-linear-cross-entropy-impl" not in flags
     code, out, err = _run([*base, "--run-dir", str(tmp_path / "logits"), "--linear-ce", "logits"])
     assert code == 0, err
     assert "--fused-linear-cross-entropy" not in _command_line(out)  # Megatron parses it; the heads materialize logits
