@@ -8,10 +8,17 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
 WIN, LOSS = "#2e7d32", "#c62828"
+LABEL_WIDTH = 60  # characters per y-label line: longer case names wrap instead of running off the figure's left edge
+
+
+def wrap_label(*parts: str, width: int = LABEL_WIDTH) -> str:
+    """`parts` one under the other, each wrapped at `width` characters."""
+    return "\n".join(textwrap.fill(part, width) for part in parts)
 
 
 def render(result: dict[str, Any], path: Path) -> None:
@@ -29,15 +36,16 @@ def render(result: dict[str, Any], path: Path) -> None:
 def _plot_ratios(ratios: list[dict[str, Any]], title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['case']}: {r['variant']}\nvs {r['against']}" for r in ratios]
+    labels = [wrap_label(f"{r['case']}: {r['variant']}", f"vs {r['against']}") for r in ratios]
+    lines = sum(label.count("\n") + 1 for label in labels)
     panels = [(key, name) for key, name in (("speedup", "speedup (baseline time / candidate time)"),
                                             ("memory_ratio", "memory ratio (baseline / candidate peak extra memory)"))
               if any(key in r for r in ratios)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3 + 6 * len(panels), 0.55 * len(ratios) + 1.5), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3 + 6 * len(panels), 0.28 * lines + 1.5), squeeze=False, sharey=True)
     for ax, (key, name) in zip(axes[0], panels, strict=True):
         values = [r.get(key) for r in ratios]
         shown = [v for v in values if v]
-        span = max(max(shown, default=1.0), 1 / min(shown, default=1.0), 2.0) * 1.6
+        span = max(max(shown, default=1.0), 1 / min(shown, default=1.0), 2.0) * 2.5  # room for the label past the longest bar
         for y, value in enumerate(values):
             if not value:
                 ax.text(1, y, " not measured", va="center", fontsize=7, color="grey")
@@ -52,7 +60,7 @@ def _plot_ratios(ratios: list[dict[str, Any]], title: str, path: Path) -> None:
     axes[0][0].invert_yaxis()  # the axes share y: once puts the first case on top
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # a long label widens the image rather than being cut
     plt.close(fig)
 
 
