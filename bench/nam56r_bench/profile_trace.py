@@ -44,6 +44,9 @@ def profile_breakdown(trace_dir: Path, count: int = 10) -> dict:
     if not kernels:
         raise BenchError(f"{traces[0]} holds no CUDA kernel in its profiled steps (a CPU-only trace?)")
     wall_us = window[1] - window[0]
+    # A CUDA trace annotates each step more than once under the same name (the host's user_annotation and its
+    # GPU-timeline copies), so steps are counted by step number, not by event.
+    step_count = len({e["name"] for e in steps})
     busy_us = _union_length((e["ts"], min(e["ts"] + e["dur"], window[1])) for e in gpu)
     totals: Counter[str] = Counter()
     calls: Counter[str] = Counter()
@@ -53,8 +56,8 @@ def profile_breakdown(trace_dir: Path, count: int = 10) -> dict:
     kernel_us = sum(totals.values())
     return {
         "trace": traces[0].name,
-        "steps": len(steps),
-        "step_ms": wall_us / len(steps) / 1e3,
+        "steps": step_count,
+        "step_ms": wall_us / step_count / 1e3,
         "gpu_busy_share": busy_us / wall_us,
         "gpu_idle_share": 1 - busy_us / wall_us,
         "kernel_share": kernel_us / wall_us,

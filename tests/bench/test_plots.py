@@ -112,7 +112,7 @@ def test_the_train_step_plot_draws_the_original_stacks_reference_line(tmp_path: 
 
 def test_kernel_shares_come_from_the_first_profiled_row() -> None:
     shares = kernel_shares(_committed("train-step")["rows"])
-    assert shares is not None and shares.case == "proxy 1 GPU mbs 8" and round(shares.step_ms) == 676
+    assert shares is not None and shares.case == "proxy 1 GPU mbs 8" and round(shares.step_ms) == 2028
     assert len(shares.kernels) == 10
     assert shares.kernels[0] == ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", pytest.approx(0.14177, abs=1e-5))
     assert all(len(name) <= 50 for name, _ in shares.kernels)

@@ -35,8 +35,9 @@ def _write_trace(path: Path, events: list[dict]) -> None:
 def test_profile_breakdown_ranks_kernels_and_counts_gpu_idle_time(tmp_path: Path) -> None:
     # Two profiled steps over 1000 us; kernels on two streams overlap (counted once as busy); one kernel and
     # one memcpy fall outside the steps.
-    steps = [{"name": "ProfilerStep#20", "cat": "user_annotation", "ts": 0, "dur": 500},
-             {"name": "ProfilerStep#21", "cat": "user_annotation", "ts": 500, "dur": 500}]
+    # Each step is annotated on the host and again on the GPU timeline, as a CUDA trace does.
+    steps = [{"name": f"ProfilerStep#{20 + i}", "cat": cat, "ts": 500 * i, "dur": 500}
+             for i in range(2) for cat in ("user_annotation", "gpu_user_annotation")]
     gpu = [{"cat": "kernel", "name": "gemm", "ts": 0, "dur": 300}, {"cat": "kernel", "name": "softmax", "ts": 200, "dur": 200},
            {"cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 600, "dur": 100}, {"cat": "kernel", "name": "gemm", "ts": 800, "dur": 100},
            {"cat": "kernel", "name": "late", "ts": 5000, "dur": 100}, {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 900}]
