@@ -2,7 +2,8 @@
 forward step and dataset provider.
 
 Launched by `nam56r.training.train` (never by hand: the launcher writes the model config file this reads
-and prints the exact command). The model is built from that `ModelConfig`; the flags' own view of
+and prints the exact command). Each rank waits at the launcher's gate (`nam56r.training.launch_gate`) after
+its imports and before Megatron parses a flag. The model is built from that `ModelConfig`; the flags' own view of
 the architecture must agree with it on every fact of `nam56r.model.megatron_fields`' table
 (`architecture_mismatches`) or the run stops before building anything. Every forward step first puts the
 DSA layers in the phase of Megatron's current step (`nam56r.training.phases`, `--nam56r-dense-warmup-steps`).
@@ -22,6 +23,7 @@ import torch
 from nam56r.model.config import ModelConfig
 from nam56r.model.megatron_fields import architecture_mismatches
 from nam56r.training.flags import add_nam56r_args, transformer_config_from_args
+from nam56r.training.launch_gate import wait_for_launch
 from nam56r.training.phases import DsaPhases, PhaseSwitch
 from nam56r.training.run_faults import (
     RUN_STOPPED_EXIT,
@@ -185,7 +187,11 @@ def main() -> None:
     from megatron.training.argument_utils import pretrain_cfg_container_from_args
     from megatron.training.arguments import parse_and_validate_args
 
+    # The imports above are most of a rank's start-up; the launcher's checks ran alongside them.
+    waited_s = wait_for_launch()
     args = parse_and_validate_args(extra_args_provider=add_nam56r_args)
+    if waited_s is not None:
+        print_rank_0(f"launch gate: opened by the launcher after this rank's imports (waited {waited_s:.1f} s)")
     if args.tokenizer_type == "NullTokenizer":
         raise SystemExit("the null tokenizer is refused: pass a real tokenizer (`--tokenizer DIR` to nam56r.training.train)")
     switch = phase_switch_from_args(args, log=print_rank_0)

@@ -33,6 +33,11 @@ class RunDir:
         return self.path / "logs"
 
     @property
+    def launch_gate(self) -> Path:
+        """The launcher's verdict for the ranks it started (`nam56r.training.launch_gate`)."""
+        return self.path / "launch.gate"
+
+    @property
     def tensorboard(self) -> Path:
         """Megatron's TensorBoard events."""
         return self.path / "tensorboard"

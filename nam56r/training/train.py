@@ -13,7 +13,10 @@ token id reaches the model's vocabulary and every document ends in EOD; the toke
 fits the vocabulary. Bad data stops the launch before any GPU work with `error: bad data: FILE ...`
 naming the fix, and exit status 2, dry runs included. Then Megatron's own parser validates every
 flag and derives the model config (which must match ours), and the preflight runs (patches applied
-and unmodified, fused kernels importable, a GPU NAM56R trains on). Without `--data` it trains on the default
+and unmodified, fused kernels importable, a GPU NAM56R trains on). A real run starts torchrun before
+those two, so its ranks import torch, Megatron and the kernels meanwhile; they wait at the launch gate
+(`nam56r.training.launch_gate`) and continue only once every check has passed and the data is built,
+else they exit having built nothing and the launcher reports what failed. Without `--data` it trains on the default
 C/C++ corpus (`python -m nam56r.training.data build`), built on first use. Runs write to `--run-dir`
 (default `runs/<recipe>-<time>`): the command, the model config, per-rank logs, TensorBoard
 events, and at the end `metrics.jsonl`, `summary.json` and `loss_throughput.png`. Checkpoints are
@@ -46,6 +49,7 @@ from nam56r.training.flags import (
     transformer_config_from_args,
 )
 from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
+from nam56r.training.launch_gate import LaunchGate
 from nam56r.training.phases import DsaPhases
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
 from nam56r.training.run_dir import RunDir
@@ -223,8 +227,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from nam56r.training.preflight import run_preflight
-
     recipe = recipe_from(args)
     model = recipe.model_config()
     if refused := refused_flags(extra):
@@ -250,19 +252,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         f"run dir: {run_paths.run_dir}; checkpoints: " + (f"save {run_paths.save}" if run_paths.save else "none (--no-save)")
         + (f", resume from {run_paths.load}" if run_paths.load else "")
     )
-    report = run_preflight(model)
-    if backend_problem:
-        report.add("backend", False, backend_problem)
-    try:
-        print(f"megatron flags: {validate_with_megatron(megatron_argv, recipe, model)}")
-    except TrainError as exc:
-        if not args.dry_run:
-            raise
-        report.add("megatron flags", False, str(exc))
-    print("preflight:")
-    print(report.format())
-    print(f"preflight: {'passed' if not report.failures else f'{len(report.failures)} check(s) failed'}")
-
+    if args.slurm_script or args.dry_run:
+        report = _checks(megatron_argv, recipe, model, backend_problem, args.dry_run)
     if args.slurm_script:
         script = slurm_script(recipe, megatron_argv, run_paths.run_dir, ROOT)
         if args.verbose:
@@ -279,14 +270,58 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     print(shell_line(env, cmd))
     if args.dry_run:
         return _dry_run_status(report)
+    return _launch(cmd, env, run_paths, lambda: _prepare(megatron_argv, recipe, model, backend_problem, data, run_paths, cmd, env),
+                   node_rank=args.node_rank, summarize=lambda: _summarize(run_paths, model, recipe))
+
+
+def _checks(megatron_argv: list[str], recipe: Recipe, model, backend_problem: str | None, dry_run: bool):
+    """The preflight and Megatron's parser over the lowered flags, printed; the report (a dry run reports a
+    rejected flag as a failed check instead of raising)."""
+    from nam56r.training.preflight import run_preflight
+
+    report = run_preflight(model)
+    if backend_problem:
+        report.add("backend", False, backend_problem)
+    try:
+        print(f"megatron flags: {validate_with_megatron(megatron_argv, recipe, model)}")
+    except TrainError as exc:
+        if not dry_run:
+            raise
+        report.add("megatron flags", False, str(exc))
+    print("preflight:")
+    print(report.format())
+    print(f"preflight: {'passed' if not report.failures else f'{len(report.failures)} check(s) failed'}")
+    return report
+
+
+def _prepare(megatron_argv: list[str], recipe: Recipe, model, backend_problem: str | None, data: DataChoice,
+             run_paths: RunPaths, cmd: list[str], env: dict[str, str]) -> None:
+    """What a real run needs before its ranks parse a flag: the checks passed, the data built, the run files
+    written (the ranks read the model config)."""
+    report = _checks(megatron_argv, recipe, model, backend_problem, dry_run=False)
     if report.failures:
         raise TrainError("preflight failed; fix the checks above (the command is printed for reference)")
     _ensure_data(data, model.vocab_size)
     _write_run_files(run_paths, model, recipe, shell_line(env, cmd))
-    proc = subprocess.run(cmd, env={**os.environ, **env}, cwd=ROOT)
-    if proc.returncode == 0 and args.node_rank == 0:
-        _summarize(run_paths, model, recipe)
-    return proc.returncode
+
+
+def _launch(cmd: list[str], env: dict[str, str], run_paths: RunPaths, prepare, *, node_rank: int, summarize) -> int:
+    """Start torchrun at once and `prepare` while its ranks import (they wait at the launch gate), then open the
+    gate; on any failure in `prepare` the gate is refused, the ranks exit having built nothing, and the failure
+    is raised."""
+    gate = LaunchGate.fresh(run_paths.layout.launch_gate)
+    proc = subprocess.Popen(cmd, env={**os.environ, **env, **gate.env()}, cwd=ROOT)
+    try:
+        prepare()
+    except BaseException as exc:
+        gate.refuse(f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+        proc.wait()
+        raise
+    gate.open()
+    code = proc.wait()
+    if code == 0 and node_rank == 0:
+        summarize()
+    return code
 
 
 def launch_env(args: argparse.Namespace) -> dict[str, str]:

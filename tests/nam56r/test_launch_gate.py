@@ -1,0 +1,98 @@
+"""The launch gate: ranks (real subprocesses) wait after their imports until the launcher opens it, and exit
+having built nothing when it refuses or is gone; and the launcher starting real torchrun ranks on this CPU
+machine, whose failed preflight (no GPU) stops them at the gate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nam56r.training.launch_gate import GATE_ENV, GATE_STOPPED_EXIT, LAUNCHER_PID_ENV, GateStopped, LaunchGate, wait_for_launch
+
+RANK = "from nam56r.training.launch_gate import wait_for_launch; print('waited', wait_for_launch(poll_s=0.02), flush=True)"
+
+
+def _rank(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", RANK], env={**_base_env(), **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _base_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k not in (GATE_ENV, LAUNCHER_PID_ENV)}
+
+
+def test_without_a_gate_a_rank_does_not_wait() -> None:
+    assert wait_for_launch({}) is None
+
+
+def test_a_rank_waits_until_the_gate_opens(tmp_path: Path) -> None:
+    gate = LaunchGate.fresh(tmp_path / "run" / "launch.gate")
+    rank = _rank(gate.env())
+    time.sleep(1.0)
+    assert rank.poll() is None  # still waiting
+    gate.open()
+    out, err = rank.communicate(timeout=60)
+    assert rank.returncode == 0, err
+    assert float(out.split()[-1]) >= 0.5
+
+
+def test_a_refused_gate_stops_the_rank_with_the_reason(tmp_path: Path) -> None:
+    gate = LaunchGate.fresh(tmp_path / "launch.gate")
+    rank = _rank(gate.env())
+    gate.refuse("TrainError: preflight failed")
+    out, err = rank.communicate(timeout=60)
+    assert rank.returncode == GATE_STOPPED_EXIT and "waited" not in out
+    assert "the launcher stopped this run before Megatron started: TrainError: preflight failed" in err
+
+
+def test_a_rank_whose_launcher_is_gone_stops(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    rank = _rank({GATE_ENV: str(tmp_path / "launch.gate"), LAUNCHER_PID_ENV: str(gone.pid)})
+    out, err = rank.communicate(timeout=60)
+    assert rank.returncode == GATE_STOPPED_EXIT and f"the launcher (pid {gone.pid}) exited without opening the gate" in err
+
+
+def test_a_verdict_written_before_the_launcher_exits_counts(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / "launch.gate").write_text("go\n")
+    assert wait_for_launch({GATE_ENV: str(tmp_path / "launch.gate"), LAUNCHER_PID_ENV: str(gone.pid)}) is not None
+
+
+def test_an_unreadable_verdict_stops_the_rank(tmp_path: Path) -> None:
+    (tmp_path / "launch.gate").write_text("maybe\n")
+    with pytest.raises(GateStopped, match="holds 'maybe'"):
+        wait_for_launch({GATE_ENV: str(tmp_path / "launch.gate")})
+
+
+def test_a_fresh_gate_is_closed_even_over_an_earlier_launch(tmp_path: Path) -> None:
+    (tmp_path / "launch.gate").write_text("go\n")
+    gate = LaunchGate.fresh(tmp_path / "launch.gate")
+    assert not gate.path.exists()
+
+
+def test_the_launcher_starts_real_ranks_and_its_failed_preflight_stops_them_at_the_gate(tmp_path: Path, megatron_built) -> None:
+    """No GPU here, so the preflight fails; by then torchrun has started the pretrain rank, which imported
+    Megatron and waits at the gate. The launcher refuses it: the rank exits before Megatron parses a flag, the
+    launcher exits 2 naming the preflight, and no run files are written."""
+    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
+
+    data = tmp_path / "data"
+    build(data, 512, CorpusConfig(sources=(torch_include_dir(),), max_docs=20))
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "nam56r.training.train", "--recipe", "tiny-1gpu", "--data", str(data),
+                           "--run-dir", str(run_dir)], env=_base_env(), capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert "error: preflight failed" in proc.stderr
+    assert "the launcher stopped this run before Megatron started: TrainError: preflight failed" in output
+    assert "using world size" not in output  # Megatron never parsed its arguments
+    assert (run_dir / "launch.gate").read_text().startswith("stop\n")
+    assert not (run_dir / "model_config.json").exists()
