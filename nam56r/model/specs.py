@@ -15,8 +15,6 @@ the fused top-k, `DSAConfig.indexer`) and IndexCache, MoE with one shared expert
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 from functools import partial
 from typing import Literal
 
@@ -46,34 +44,17 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_layer import MoETransformerLayer, TransformerLayer, TransformerLayerSubmodules
 from nam56r_kernels.index_cache import IndexCachePlan, TopkCache
 
+from nam56r.model.backend import Backend, resolve_backend  # noqa: F401 - resolve_backend is part of this module's API
 from nam56r.model.config import ModelConfig
 from nam56r.model.dsa_index_cache import IndexCacheDSAttention
 from nam56r.model.local_layers import DuplicatedLinear, LatentSDPAttention
 from nam56r.model.mamba3_mixer import Mamba3Mixer
 from nam56r.model.moe_experts import GroupedMLPExperts
 
-Backend = Literal["te", "local"]
 # The routed experts of a MoE layer: the backend's grouped experts (ours on `local`, TE's on `te`), or
 # Megatron's per-expert `SequentialMLP` on the backend's linears (the baseline the MoE layer bench measures).
 MoEExperts = Literal["grouped", "sequential"]
 MOE_EXPERTS: tuple[MoEExperts, ...] = ("grouped", "sequential")
-logger = logging.getLogger(__name__)
-_announced: set[str] = set()
-
-
-def resolve_backend(requested: str) -> Backend:
-    """`te`, `local`, or `auto` (te when transformer_engine is importable); the choice is logged once."""
-    if requested not in ("auto", "te", "local"):
-        raise ValueError(f"backend must be 'auto', 'te' or 'local', got {requested!r}")
-    have_te = importlib.util.find_spec("transformer_engine") is not None
-    if requested == "te" and not have_te:
-        raise RuntimeError("backend 'te' asked for, but transformer_engine is not installed (pip install transformer_engine[pytorch])")
-    backend: Backend = "te" if requested == "te" or (requested == "auto" and have_te) else "local"
-    if backend not in _announced:
-        _announced.add(backend)
-        why = "TransformerEngine" if backend == "te" else "Megatron's local modules; MoE experts on torch's grouped_mm"
-        logger.warning("NAM56R layer backend: %s (%s, requested %r)", backend, why, requested)
-    return backend
 
 
 class _BackendModules:

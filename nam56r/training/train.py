@@ -182,7 +182,7 @@ def choose_run_paths(args: argparse.Namespace, recipe: Recipe) -> RunPaths:
 
 def resolve_backend_for(recipe: Recipe, dry_run: bool) -> tuple[str, str | None]:
     """The layer backend, and a problem to report when TE is asked for but absent (a dry run still prints the command)."""
-    from nam56r.model.specs import resolve_backend
+    from nam56r.model.backend import resolve_backend
 
     try:
         return resolve_backend(recipe.backend), None
@@ -233,7 +233,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise TrainError(f"refused for real runs: {', '.join(refused)}")
     backend, backend_problem = resolve_backend_for(recipe, args.dry_run)
     data = choose_data(args, model.vocab_size)
-    checked = check_data_or_refuse(data, model.vocab_size) if data.ready else "not yet: checked at launch, once built"
+    if not data.ready:
+        checked = "not yet: checked at launch, once built"
+    elif args.dry_run or args.slurm_script:
+        checked = check_data_or_refuse(data, model.vocab_size)
+    else:
+        checked = "below, while the ranks start"
     run_paths = choose_run_paths(args, recipe)
     megatron_argv = megatron_flags(recipe, model, data.paths, run_paths, backend) + extra
     env = launch_env(args)
@@ -296,8 +301,10 @@ def _checks(megatron_argv: list[str], recipe: Recipe, model, backend_problem: st
 
 def _prepare(megatron_argv: list[str], recipe: Recipe, model, backend_problem: str | None, data: DataChoice,
              run_paths: RunPaths, cmd: list[str], env: dict[str, str]) -> None:
-    """What a real run needs before its ranks parse a flag: the checks passed, the data built, the run files
-    written (the ranks read the model config)."""
+    """What a real run needs before its ranks parse a flag: the data checked (or built and checked), the
+    flags and the preflight passed, the run files written (the ranks read the model config)."""
+    if data.ready:
+        print(f"data checked: {check_data_or_refuse(data, model.vocab_size)}")
     report = _checks(megatron_argv, recipe, model, backend_problem, dry_run=False)
     if report.failures:
         raise TrainError("preflight failed; fix the checks above (the command is printed for reference)")
