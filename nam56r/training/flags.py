@@ -138,6 +138,7 @@ def _optional_run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend:
         args += ["--recompute-granularity", "selective", "--recompute-modules", *modules]
     args += ["--nam56r-model-config", str(run.layout.model_config), "--nam56r-backend", backend]
     args += ["--nam56r-dense-warmup-steps", str(recipe.dsa_phases.dense_warmup_steps)]
+    args += ["--nam56r-indexer-recall-interval", str(recipe.indexer_recall.interval)]
     return args
 
 
@@ -168,6 +169,11 @@ def add_nam56r_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument(
         "--nam56r-dense-warmup-steps", type=int, default=0, metavar="N",
         help="DSA phases: steps 1..N run the dense indexer warm-up, later steps sparse attention (nam56r.training.phases)",
+    )
+    group.add_argument(
+        "--nam56r-indexer-recall-interval", type=int, default=0, metavar="N",
+        help="log 'indexer recall' (one DSA layer's indexer top-k against dense attention's) at step 1 and every N steps; "
+             "0: off (nam56r.training.recall_probe)",
     )
     group.add_argument(
         "--nam56r-nonfinite-loss-at-step", type=int, metavar="N",

@@ -6,7 +6,9 @@ and prints the exact command). Each rank waits at the launcher's gate (`nam56r.t
 its imports and before Megatron parses a flag. The model is built from that `ModelConfig`; the flags' own view of
 the architecture must agree with it on every fact of `nam56r.model.megatron_fields`' table
 (`architecture_mismatches`) or the run stops before building anything. Every forward step first puts the
-DSA layers in the phase of Megatron's current step (`nam56r.training.phases`, `--nam56r-dense-warmup-steps`).
+DSA layers in the phase of Megatron's current step (`nam56r.training.phases`, `--nam56r-dense-warmup-steps`),
+and at probe steps arms the indexer recall probe on its first micro-batch (`nam56r.training.recall_probe`,
+`--nam56r-indexer-recall-interval`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from nam56r.model.megatron_fields import architecture_mismatches
 from nam56r.training.flags import add_nam56r_args, transformer_config_from_args
 from nam56r.training.launch_gate import wait_for_launch
 from nam56r.training.phases import DsaPhases, PhaseSwitch
+from nam56r.training.recall_probe import RECALL_KEY, IndexerRecallProbe, RecallReport, RecallSchedule
 from nam56r.training.run_faults import (
     RUN_STOPPED_EXIT,
     NonFiniteLoss,
@@ -107,9 +110,11 @@ class StepContext:
         return cls(args.curr_iteration + 1 if hasattr(args, "curr_iteration") else None, args.save, args.nam56r_nonfinite_loss_at_step)
 
 
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, context: StepContext = StepContext()):
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, context: StepContext = StepContext(),
+              recall: RecallReport | None = None):
     """Megatron's per-token-loss contract: (sum of masked losses, token count, report). A non-finite
-    loss stops the run (`nam56r.training.run_faults`)."""
+    loss stops the run (`nam56r.training.run_faults`). With `recall` (a training micro-batch of a run with
+    the recall probe on), the report also carries 'indexer recall'."""
     losses = output_tensor.view(-1).float()
     mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * mask)
@@ -119,19 +124,26 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, context: Ste
     if not torch.isfinite(loss.detach()).all():
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         raise NonFiniteLoss(nonfinite_loss_message(loss.item(), context.step, rank, context.save_dir))
-    return loss, num_tokens, {"lm loss": torch.cat([loss.detach().view(1), num_tokens.view(1).float()])}
+    report = {"lm loss": torch.cat([loss.detach().view(1), num_tokens.view(1).float()])}
+    if recall is not None:
+        report[RECALL_KEY] = recall.loss_report(loss.device)
+    return loss, num_tokens, report
 
 
-def forward_step(data_iterator, model, *, phase_switch: PhaseSwitch | None = None):
+def forward_step(data_iterator, model, *, phase_switch: PhaseSwitch | None = None, recall_probe: IndexerRecallProbe | None = None):
     """Megatron's forward-step contract. With `phase_switch`, the DSA layers are first put in the phase of
-    Megatron's current step (read from its arguments, so a resumed run is in its checkpoint's phase)."""
+    Megatron's current step (read from its arguments, so a resumed run is in its checkpoint's phase). With
+    `recall_probe`, every training micro-batch reports 'indexer recall' (measured on the first of a probe step)."""
     context = StepContext.current()
     if phase_switch is not None and context.step is not None:
         phase_switch.enter(model, context.step)
+    recall = None
+    if recall_probe is not None and context.step is not None and model.training:
+        recall = recall_probe.begin_micro_batch(model, context.step)
     device = next(model.parameters()).device
     batch = batch_to(next(data_iterator), device)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"], loss_mask=batch["loss_mask"])
-    return output, partial(loss_func, batch["loss_mask"], context=context)
+    return output, partial(loss_func, batch["loss_mask"], context=context, recall=recall)
 
 
 def phase_switch_from_args(args, log=print) -> PhaseSwitch:
@@ -140,6 +152,16 @@ def phase_switch_from_args(args, log=print) -> PhaseSwitch:
     if problems := phases.problems(args.train_iters or 0):
         raise SystemExit("--nam56r-dense-warmup-steps: " + "; ".join(problems))
     return PhaseSwitch(phases, seq_length=args.seq_length, log=log)
+
+
+def recall_probe_from_args(args, log=print) -> IndexerRecallProbe | None:
+    """The run's indexer recall probe from Megatron's parsed arguments (None when off); refuses what it cannot measure."""
+    schedule = RecallSchedule(args.nam56r_indexer_recall_interval)
+    problems = schedule.problems(pp=args.pipeline_model_parallel_size, tp=args.tensor_model_parallel_size,
+                                 cp=args.context_parallel_size, cuda_graphs=getattr(args, "cuda_graph_impl", "none") != "none")
+    if problems:
+        raise SystemExit("--nam56r-indexer-recall-interval: " + "; ".join(problems))
+    return IndexerRecallProbe(schedule, log=log) if schedule.interval else None
 
 
 def gpt_dataset_config(args, tokenizer):
@@ -197,7 +219,7 @@ def main() -> None:
     switch = phase_switch_from_args(args, log=print_rank_0)
     print_rank_0(f"DSA phases: {switch.phases.describe()}")
     cfg = pretrain_cfg_container_from_args(args, None)
-    step = partial(forward_step, phase_switch=switch)
+    step = partial(forward_step, phase_switch=switch, recall_probe=recall_probe_from_args(args, log=print_rank_0))
     try:
         with explain_save_failures(args.save):
             pretrain(cfg, datasets_provider, ModelType.encoder_or_decoder, step, model_provider=model_provider)

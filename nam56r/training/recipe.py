@@ -30,6 +30,7 @@ from typing import ClassVar, Literal, get_args
 from nam56r.model.config import ModelConfig, Precision
 from nam56r.model.presets import PRESETS, get_preset
 from nam56r.training.phases import DsaPhases
+from nam56r.training.recall_probe import RecallSchedule
 
 BackendChoice = Literal["auto", "te", "local"]
 LinearCE = Literal["liger", "chunked", "logits"]
@@ -106,6 +107,8 @@ class Recipe:
     linear_ce: LinearCE = "chunked"
     # DSA: dense indexer warm-up for the first N steps, then sparse (nam56r.model.dsa_warmup)
     dsa_phases: DsaPhases = field(default_factory=DsaPhases)
+    # DSA: log one layer's indexer recall against dense attention every N steps (nam56r.training.recall_probe); 0: off
+    indexer_recall: RecallSchedule = field(default_factory=RecallSchedule)
     recompute: Recompute = Recompute()  # activation recompute per block family
     # Runtime switches, each explicit
     cuda_graphs: bool = False
@@ -193,6 +196,9 @@ class Recipe:
         problems += self.dsa_phases.problems(self.steps)
         if self.dsa_phases.dense_warmup_steps > 0:
             problems += _dense_warmup_problems(model)
+        problems += self.indexer_recall.problems(pp=self.pp, tp=self.tp, cuda_graphs=self.cuda_graphs)
+        if self.indexer_recall.interval > 0:
+            problems += _recall_layer_problems(model)
         if problems:
             raise RecipeError(self.name, problems)
         return self
@@ -213,6 +219,14 @@ def _dense_warmup_problems(model: ModelConfig) -> list[str]:
     except ImportError as exc:
         return [f"cannot check the dense warm-up's fused DSA shapes: {type(exc).__name__}: {exc}; run `nox -s build`"]
     return [f"dense warm-up (top-k = seq_length {model.seq_length}): {p}; or pass --dense-warmup-steps 0" for p in found]
+
+
+def _recall_layer_problems(model: ModelConfig) -> list[str]:
+    from nam56r.model.pattern import LayerKind, layout_of
+
+    if layout_of(model).counts().get(LayerKind.DSA, 0):
+        return []
+    return [f"the indexer recall probe needs DSA layers; model {model.name} has none ({model.pattern}); pass --indexer-recall-interval 0"]
 
 
 def recompute_problems(recipe: Recipe, model: ModelConfig) -> list[str]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 LOSS_TAG = "lm loss"
+RECALL_TAG = "indexer recall"  # nam56r.training.recall_probe's loss report: NaN at the steps it did not measure
 ITERATION_TIME_TAG = "iteration-time"
 BATCH_SIZE_TAG = "batch-size"
 WORLD_SIZE_TAG = "world-size"
@@ -27,7 +28,7 @@ _TAG_HINTS = {
     WORLD_SIZE_TAG: "Megatron writes it with --log-world-size-to-tensorboard",
 }
 EVENT_GLOB = "events.out.tfevents.*"
-_ITERATION_LINE = re.compile(r" iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: (\S+) \|")
+_ITERATION_LINE = r" iteration\s+(\d+)/\s*\d+ \|[^\n]*?\| {key}: (\S+) \|"
 
 
 class RunLogError(ValueError):
@@ -89,6 +90,17 @@ def loss_curve(tensorboard_dir: Path | str, tag: str = LOSS_TAG) -> list[tuple[i
     return sorted(scalars[tag].items())
 
 
+def run_series(scalars: Mapping[str, Mapping[int, float]]) -> dict[str, list[tuple[int, float | None]]]:
+    """summary.json's per-step curves, [step, value] by step: 'lm_loss' at every step it was logged (a
+    non-finite loss as None: strict JSON has no NaN), 'indexer_recall' at the steps the recall probe measured
+    (Megatron logs 0/0 = NaN at the others)."""
+    loss, recall = scalars.get(LOSS_TAG, {}), scalars.get(RECALL_TAG, {})
+    return {
+        "lm_loss": [(step, value if math.isfinite(value) else None) for step, value in sorted(loss.items())],
+        "indexer_recall": [(step, value) for step, value in sorted(recall.items()) if math.isfinite(value)],
+    }
+
+
 def time_to_first_step(tensorboard_dir: Path | str) -> float | None:
     """Seconds from the creation of the run's TensorBoard writer (Megatron makes it in
     initialize_megatron, before the model is built) to its first logged 'lm loss': the model build,
@@ -104,12 +116,14 @@ def time_to_first_step(tensorboard_dir: Path | str) -> float | None:
     return None
 
 
-def logged_loss_curve(log_text: str) -> list[tuple[int, float]]:
-    """(step, lm loss) from Megatron's per-iteration log lines ('iteration 7/ 20 | ... | lm loss:
+def logged_loss_curve(log_text: str, key: str = LOSS_TAG) -> list[tuple[int, float]]:
+    """(step, value of `key`) from Megatron's per-iteration log lines ('iteration 7/ 20 | ... | lm loss:
     5.43E+00 |'): the curve of a run killed before its TensorBoard writer flushed. Megatron prints at
     the second logged step of a run (or of a resumed run) the mean of the first two steps' losses;
-    from the third on each line is that step's loss (its TensorBoard events are per step throughout)."""
-    return [(int(m.group(1)), float(m.group(2))) for m in _ITERATION_LINE.finditer(log_text)]
+    from the third on each line is that step's loss (its TensorBoard events are per step throughout).
+    A line without the key (Megatron prints none below 0 or NaN: RECALL_TAG between probes) adds no point."""
+    pattern = re.compile(_ITERATION_LINE.format(key=re.escape(key)))
+    return [(int(m.group(1)), float(m.group(2))) for m in pattern.finditer(log_text)]
 
 
 def compare_loss_curves(a: Sequence[tuple[int, float]], b: Sequence[tuple[int, float]], steps: Iterable[int]) -> float:

@@ -8,11 +8,13 @@ Works on a run in progress (it reads what has been flushed). Writes, next to the
 `--out` says otherwise: `metrics.jsonl` (one line per logged step with every scalar Megatron wrote
 there, plus tokens/s/GPU and TFLOP/s/GPU), `summary.json` (medians over a stated steady-state
 window, peak memory, first/last losses, the time to the first step, the FLOP formula) and
-`loss_throughput.png`. `--record` then appends the run's train record to patches/manifest.toml
-(`nam56r.training.train_record`).
+`loss_throughput.png`. summary.json's `series` holds the per-step curves a comparison of runs plots
+(`nam56r.training.compare_runs`): 'lm_loss' at every logged step and 'indexer_recall' at the steps the
+recall probe measured (`nam56r.training.recall_probe`; empty without it). `--record` then appends the
+run's train record to patches/manifest.toml (`nam56r.training.train_record`).
 
-Megatron's tags (core_v0.19.0): 'lm loss' and the other loss keys ('mtp_1 loss', 'indexer loss')
-at every --tensorboard-log-interval step; 'iteration-time' (seconds per iteration, averaged over
+Megatron's tags (core_v0.19.0): 'lm loss' and the other loss keys ('mtp_1 loss', 'indexer loss', 'indexer
+recall') at every --tensorboard-log-interval step; 'iteration-time' (seconds per iteration, averaged over
 the log interval; only with --log-timers-to-tensorboard, and never at the first iteration) and
 Megatron's own 'throughput' at --log-interval steps; 'mem-max-allocated-bytes' with
 --log-memory-to-tensorboard; 'batch-size'; 'world-size' with --log-world-size-to-tensorboard;
@@ -47,6 +49,7 @@ from nam56r.training.run_events import (
     MissingTagError,
     RunLogError,
     read_scalars,
+    run_series,
     time_to_first_step,
 )
 from nam56r.training.run_plot import format_tflops, plot_run
@@ -89,6 +92,7 @@ class RunSummary:
     last_step: int
     files: Mapping[str, str]
     time_to_first_step_s: float | None = None  # see time_to_first_step()
+    series: Mapping[str, Sequence[tuple[int, float | None]]] | None = None  # see run_series()
 
     def to_json(self) -> dict:
         return {
@@ -119,6 +123,7 @@ class RunSummary:
                 "source": f"max of {PEAK_MEMORY_TAG!r} (allocated_bytes.all.peak of the last rank)",
             },
             "losses": {tag: dict(values) for tag, values in self.losses.items()},
+            "series": {name: [list(point) for point in points] for name, points in (self.series or {}).items()},
             "files": dict(self.files),
         }
 
@@ -216,6 +221,7 @@ def summarize_run(
         last_step=int(rows[-1]["step"]),
         files={"metrics": str(out.metrics), "summary": str(out.summary), "plot": str(out.plot)},
         time_to_first_step_s=time_to_first_step(directory),
+        series=run_series(scalars),
     )
     write_run_files(out, rows, scalars, summary)
     return summary

@@ -51,6 +51,7 @@ from nam56r.training.flags import (
 from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
 from nam56r.training.launch_gate import LaunchGate
 from nam56r.training.phases import DsaPhases
+from nam56r.training.recall_probe import RecallSchedule
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
 from nam56r.training.run_dir import RunDir
 from nam56r.training.train_args import parse_args
@@ -66,6 +67,7 @@ class TrainError(RuntimeError):
 def recipe_from(args: argparse.Namespace) -> Recipe:
     on_off = {"on": True, "off": False, None: None}
     phases = DsaPhases(args.dense_warmup_steps) if args.dense_warmup_steps is not None else None
+    recall = RecallSchedule(args.indexer_recall_interval) if args.indexer_recall_interval is not None else None
     return get_recipe(
         args.recipe,
         model=args.model,
@@ -86,6 +88,7 @@ def recipe_from(args: argparse.Namespace) -> Recipe:
         cuda_graphs=on_off[args.cuda_graphs],
         linear_ce=args.linear_ce,
         dsa_phases=phases,
+        indexer_recall=recall,
         recompute=args.recompute,
     )
 

@@ -38,6 +38,13 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
              "attend the indexer's top-k (0: sparse from the first step; below --steps). Megatron's step number decides "
              "the phase, so a resumed run continues in its own (default: the recipe's, see --list)",
     )
+    shape.add_argument(
+        "--indexer-recall-interval", type=int, metavar="N",
+        help="log 'indexer recall' at step 1 and every N steps: on the first micro-batch of the step, the first DSA layer "
+             "computing its own top-k, the share of dense attention's top-k keys (k: the recipe's top-k, also during the "
+             "dense warm-up) that the indexer's top-k holds, averaged over query rows (nam56r.training.recall_probe); in "
+             "TensorBoard and summary.json's 'indexer_recall' series. 0: off (default: the recipe's, 0)",
+    )
     shape.add_argument("--save-interval", type=int, help="steps between checkpoints")
     shape.add_argument("--backend", choices=("auto", "te", "local"), help="layer backend (auto: TE when installed)")
     shape.add_argument("--index-cache", choices=("on", "off"), help="IndexCache for the DSA layers")
