@@ -7,7 +7,8 @@
 - ``microbatch``: the largest micro-batch that trains 3 steps at sequence 4096, proxy and full, on each memory
   path of the LM head and MTP heads in the same build: Megatron patches 0007/0008's fused linear CE
   (`--linear-ce liger`), our chunked linear CE (`--linear-ce chunked`, patch 0016, the recipes' default) and
-  upstream's logits + cross-entropy (`--linear-ce logits`).
+  upstream's logits + cross-entropy (`--linear-ce logits`). After micro-batches 1 and 2 it tries the size their
+  peak memory predicts for the GPU (`predicted_largest`), then bisects, so a path takes about four runs.
   With `--recompute` (bench option) both suites run each recompute setting named instead (the launcher's
   `--recompute`; `each` is `RECOMPUTE_SETTINGS`), on the default CE path: the micro-batch and TFLOP/s per switch.
 - ``compile-tax``: wall time to the first logged step with empty Triton, TileLang and Inductor caches, then
@@ -169,6 +170,7 @@ def microbatch_variants(ctx: Context) -> dict[str, tuple[str, ...]]:
 
 def microbatch(ctx: Context) -> list[Row]:
     require_gpu("microbatch")
+    capacity = gpu_capacity_gib()
     rows = []
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-mbs-") as tmp:
         for recipe in models(ctx):
@@ -179,7 +181,7 @@ def microbatch(ctx: Context) -> list[Row]:
                     print(f"[microbatch] {recipe} · {variant} · mbs {mbs}: {describe_attempt(_attempt(result))}", flush=True)
                     return result
 
-                fits, tried = largest_micro_batch(try_mbs, quick=ctx.quick)
+                fits, tried = largest_micro_batch(try_mbs, quick=ctx.quick, capacity_gib=capacity)
                 rows.append(Row(f"{recipe} seq 4096", variant, extra={"largest_micro_batch": fits, "tried": tried}))
     return rows
 
@@ -192,9 +194,13 @@ def describe_attempt(attempt: dict) -> str:
             f"first step after {attempt['first_step_s'] or float('nan'):.0f} s")
 
 
-def largest_micro_batch(try_mbs: Callable[[int], dict], *, quick: bool = False, limit: int = 64) -> tuple[int, dict[int, dict]]:
-    """(the largest micro-batch whose `try_mbs` run exits 0, what each try showed): doubling from 1 until a try
-    fails, then bisecting between the last fit and the first failure. 0 when micro-batch 1 fails."""
+def largest_micro_batch(try_mbs: Callable[[int], dict], *, quick: bool = False, limit: int = 64,
+                        capacity_gib: float | None = None) -> tuple[int, dict[int, dict]]:
+    """(the largest micro-batch whose `try_mbs` run exits 0, what each try showed). Micro-batches 1 and 2 first;
+    then, with the GPU's `capacity_gib`, the largest micro-batch a straight line through the two largest fitting
+    tries' peak memory predicts (`predicted_largest`), else doubling; once a try fails, bisection between the
+    last fit and the first failure. The answer is always bounded by a try that fits and the next size failing
+    (or `limit`); the prediction only picks which sizes to try. 0 when micro-batch 1 fails."""
     fits, fails, tried = 0, None, {}
     mbs = 1
     while fails is None or fails - fits > 1:
@@ -208,10 +214,40 @@ def largest_micro_batch(try_mbs: Callable[[int], dict], *, quick: bool = False, 
                 break
         if quick and fits >= 2:
             break
-        mbs = mbs * 2 if fails is None else (fits + fails) // 2
+        if fails is not None:
+            mbs = (fits + fails) // 2
+        else:
+            guess = predicted_largest(tried, capacity_gib) if fits >= 2 else None
+            mbs = fits * 2 if guess is None else max(min(guess, limit), fits + 1)
         if mbs > limit:
             break
     return fits, tried
+
+
+# The share of the GPU's memory a predicted micro-batch may fill: the peak counts allocated tensors, not the
+# allocator's fragmentation or the CUDA context.
+PREDICTION_HEADROOM = 0.95
+
+
+def predicted_largest(tried: dict[int, dict], capacity_gib: float | None) -> int | None:
+    """The largest micro-batch whose peak memory, on the line through the two largest fitting tries' peaks, stays
+    within PREDICTION_HEADROOM of `capacity_gib`; None without a capacity, two fitting tries with peaks, or a
+    peak that grows with the micro-batch."""
+    points = sorted((mbs, t["peak_memory_gib"]) for mbs, t in tried.items() if t["exit"] == 0 and t.get("peak_memory_gib"))
+    if capacity_gib is None or len(points) < 2:
+        return None
+    (m0, p0), (m1, p1) = points[-2], points[-1]
+    per_sample = (p1 - p0) / (m1 - m0)
+    if per_sample <= 0:
+        return None
+    return int(m1 + (capacity_gib * PREDICTION_HEADROOM - p1) // per_sample)
+
+
+def gpu_capacity_gib() -> float:
+    """The memory of this machine's GPU 0, GiB."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
 def _attempt(result: dict) -> dict:

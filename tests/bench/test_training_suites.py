@@ -19,6 +19,7 @@ from nam56r_bench.training_suites import (
     largest_micro_batch,
     microbatch_variants,
     models,
+    predicted_largest,
     recompute_settings,
     train_command,
 )
@@ -165,6 +166,45 @@ def test_the_search_finds_the_largest_micro_batch_that_trains(largest: int) -> N
     assert fits == largest
     assert all((mbs <= largest) == (t["exit"] == 0) for mbs, t in tried.items())
     assert largest == 0 or largest + 1 in tried  # the failure that bounds it was tried
+
+
+def _runs_with_memory(base_gib: float, per_sample_gib: float, oom_from: int):
+    """Tries whose peak grows linearly with the micro-batch, running out of memory from `oom_from` on."""
+
+    def try_mbs(mbs: int) -> dict:
+        if mbs >= oom_from:
+            return {"exit": 1, "summary": None, "first_step_s": None, "tail": ["torch.OutOfMemoryError: CUDA out of memory."]}
+        peak = base_gib + per_sample_gib * mbs
+        summary = {"peak_memory": {"gib": peak, "bytes": int(peak * 2**30)},
+                   "median_over_window": {"tokens_per_s_per_gpu": 1.0, "tflops_per_s_per_gpu": 1.0}}
+        return {"exit": 0, "summary": summary, "first_step_s": 1.0, "tail": []}
+
+    return try_mbs
+
+
+def test_the_search_tries_the_micro_batch_the_memory_line_predicts() -> None:
+    # 60 GiB + 9 GiB per sample on a 141 GiB GPU: 1 and 2 fit, the line predicts 8 (132 GiB), 9 (141 GiB) fails.
+    fits, tried = largest_micro_batch(_runs_with_memory(60, 9, oom_from=9), capacity_gib=141)
+    assert fits == 8 and sorted(tried) == [1, 2, 8, 9]
+    # Doubling without a capacity takes more tries to the same answer.
+    fits_doubling, tried_doubling = largest_micro_batch(_runs_with_memory(60, 9, oom_from=9))
+    assert fits_doubling == 8 and len(tried_doubling) > len(tried)
+
+
+@pytest.mark.parametrize("oom_from", [3, 5, 7, 12])
+def test_a_wrong_prediction_still_ends_between_a_fit_and_a_failure(oom_from: int) -> None:
+    """Memory that does not follow the line (fragmentation, a buffer that appears at some size): the prediction
+    only picks the sizes tried; the answer is still the largest that trains, bounded by the next failing."""
+    fits, tried = largest_micro_batch(_runs_with_memory(60, 9, oom_from=oom_from), capacity_gib=141)
+    assert fits == oom_from - 1 and tried[oom_from]["exit"] == 1
+
+
+def test_the_prediction_needs_two_fitting_tries_and_a_growing_peak() -> None:
+    one = {1: {"exit": 0, "peak_memory_gib": 70.0}}
+    assert predicted_largest(one, 141) is None
+    assert predicted_largest({**one, 2: {"exit": 0, "peak_memory_gib": 79.0}}, None) is None
+    assert predicted_largest({**one, 2: {"exit": 0, "peak_memory_gib": 70.0}}, 141) is None
+    assert predicted_largest({**one, 2: {"exit": 0, "peak_memory_gib": 79.0}, 4: {"exit": 1, "error": "oom"}}, 141) == 8
 
 
 def test_recompute_settings_run_through_the_launchers_option(tmp_path: Path, megatron_built, capsys: pytest.CaptureFixture) -> None:
