@@ -141,8 +141,10 @@ class Recipe:
             mamba=replace(base.mamba, recompute=self.recompute.mamba),
         ).validate()
 
-    def check(self) -> Recipe:
-        """Raise RecipeError naming every inconsistent or refused setting; return self."""
+    def check(self, kernels: bool = True) -> Recipe:
+        """Raise RecipeError naming every inconsistent or refused setting; return self. `kernels=False` leaves out
+        `kernel_problems`, which imports Megatron and TileLang for their predicates (the launcher checks those
+        while its ranks start)."""
         problems: list[str] = []
         if self.model not in PRESETS:
             problems.append(f"model {self.model!r} is not a preset ({', '.join(sorted(PRESETS))})")
@@ -160,9 +162,8 @@ class Recipe:
         if self.tp != 1:
             problems.append(f"tp={self.tp}: NAM56R's Mamba-3 mixer and the fused linear CE run at tensor parallel 1 only")
         model = self.model_config()
-        from nam56r.model.fused_constraints import fused_kernel_problems
-
-        problems += [f"model {model.name}: {p}" for p in fused_kernel_problems(model)]
+        if kernels:
+            problems += self.kernel_problems()
         if model.moe.num_experts % self.ep:
             problems.append(f"expert parallel {self.ep} does not divide the {model.moe.num_experts} experts of {self.model}")
         per_step = self.micro_batch * max(self.data_parallel, 1)
@@ -194,14 +195,23 @@ class Recipe:
         if self.warmup_steps >= self.steps:
             problems.append(f"warmup_steps {self.warmup_steps} must be below steps {self.steps} (set it with --warmup)")
         problems += self.dsa_phases.problems(self.steps)
-        if self.dsa_phases.dense_warmup_steps > 0:
-            problems += _dense_warmup_problems(model)
         problems += self.indexer_recall.problems(pp=self.pp, tp=self.tp, cuda_graphs=self.cuda_graphs)
         if self.indexer_recall.interval > 0:
             problems += _recall_layer_problems(model)
         if problems:
             raise RecipeError(self.name, problems)
         return self
+
+    def kernel_problems(self) -> list[str]:
+        """The model's shapes against the fused kernels it selects, in both DSA phases (Megatron's and mamba_ssm's
+        own predicates, so this imports them)."""
+        from nam56r.model.fused_constraints import fused_kernel_problems
+
+        model = self.model_config()
+        problems = [f"model {model.name}: {p}" for p in fused_kernel_problems(model)]
+        if self.dsa_phases.dense_warmup_steps > 0:
+            problems += _dense_warmup_problems(model)
+        return problems
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -354,8 +364,9 @@ RECIPES: dict[str, Callable[[], Recipe]] = {
 }
 
 
-def get_recipe(name: str, **overrides: object) -> Recipe:
-    """The recipe called `name` with `overrides` (field name -> value; None values are ignored), checked."""
+def get_recipe(name: str, *, kernels: bool = True, **overrides: object) -> Recipe:
+    """The recipe called `name` with `overrides` (field name -> value; None values are ignored), checked
+    (`Recipe.check`; `kernels=False` leaves out `Recipe.kernel_problems`)."""
     if name not in RECIPES:
         raise KeyError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}")
     known = {f.name for f in fields(Recipe)}
@@ -364,4 +375,4 @@ def get_recipe(name: str, **overrides: object) -> Recipe:
         raise KeyError(f"unknown recipe fields {sorted(unknown)}; known: {', '.join(sorted(known))}")
     recipe = RECIPES[name]()
     given = {k: v for k, v in overrides.items() if v is not None}
-    return replace(recipe, **given).check() if given else recipe.check()
+    return (replace(recipe, **given) if given else recipe).check(kernels=kernels)

@@ -64,12 +64,14 @@ class TrainError(RuntimeError):
     pass
 
 
-def recipe_from(args: argparse.Namespace) -> Recipe:
+def recipe_from(args: argparse.Namespace, kernels: bool = True) -> Recipe:
+    """The recipe with the command line's overrides, checked (`kernels=False`: without `Recipe.kernel_problems`)."""
     on_off = {"on": True, "off": False, None: None}
     phases = DsaPhases(args.dense_warmup_steps) if args.dense_warmup_steps is not None else None
     recall = RecallSchedule(args.indexer_recall_interval) if args.indexer_recall_interval is not None else None
     return get_recipe(
         args.recipe,
+        kernels=kernels,
         model=args.model,
         micro_batch=args.micro_batch,
         global_batch=args.global_batch,
@@ -230,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    recipe = recipe_from(args)
+    # A real run checks the recipe's kernel shapes beside its ranks' start-up (`_prepare`), as they import
+    # Megatron and TileLang; a dry run and a Slurm script check them first.
+    recipe = recipe_from(args, kernels=bool(args.dry_run or args.slurm_script))
     model = recipe.model_config()
     if refused := refused_flags(extra):
         raise TrainError(f"refused for real runs: {', '.join(refused)}")
@@ -304,8 +308,11 @@ def _checks(megatron_argv: list[str], recipe: Recipe, model, backend_problem: st
 
 def _prepare(megatron_argv: list[str], recipe: Recipe, model, backend_problem: str | None, data: DataChoice,
              run_paths: RunPaths, cmd: list[str], env: dict[str, str]) -> None:
-    """What a real run needs before its ranks parse a flag: the data checked (or built and checked), the
-    flags and the preflight passed, the run files written (the ranks read the model config)."""
+    """What a real run needs before its ranks parse a flag: the recipe's kernel shapes, the data checked (or
+    built and checked), the flags and the preflight passed, the run files written (the ranks read the model
+    config)."""
+    if problems := recipe.kernel_problems():
+        raise RecipeError(recipe.name, problems)
     if data.ready:
         print(f"data checked: {check_data_or_refuse(data, model.vocab_size)}")
     report = _checks(megatron_argv, recipe, model, backend_problem, dry_run=False)

@@ -78,17 +78,26 @@ def test_a_fresh_gate_is_closed_even_over_an_earlier_launch(tmp_path: Path) -> N
     assert not gate.path.exists()
 
 
-def test_the_launcher_starts_real_ranks_and_its_failed_preflight_stops_them_at_the_gate(tmp_path: Path, megatron_built) -> None:
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory, megatron_built) -> Path:
+    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
+
+    data = tmp_path_factory.mktemp("gate-data") / "cpp"
+    build(data, 512, CorpusConfig(sources=(torch_include_dir(),), max_docs=20))
+    return data
+
+
+def _launch(data: Path, run_dir: Path, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nam56r.training.train", "--recipe", "tiny-1gpu", "--data", str(data),
+                           "--run-dir", str(run_dir), *options], env=_base_env(), capture_output=True, text=True, timeout=600)
+
+
+def test_the_launcher_starts_real_ranks_and_its_failed_preflight_stops_them_at_the_gate(tmp_path: Path, small_data: Path) -> None:
     """No GPU here, so the preflight fails; by then torchrun has started the pretrain rank, which imported
     Megatron and waits at the gate. The launcher refuses it: the rank exits before Megatron parses a flag, the
     launcher exits 2 naming the preflight, and no run files are written."""
-    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
-
-    data = tmp_path / "data"
-    build(data, 512, CorpusConfig(sources=(torch_include_dir(),), max_docs=20))
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "nam56r.training.train", "--recipe", "tiny-1gpu", "--data", str(data),
-                           "--run-dir", str(run_dir)], env=_base_env(), capture_output=True, text=True, timeout=600)
+    proc = _launch(small_data, run_dir)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output
     assert "error: preflight failed" in proc.stderr
@@ -96,3 +105,35 @@ def test_the_launcher_starts_real_ranks_and_its_failed_preflight_stops_them_at_t
     assert "using world size" not in output  # Megatron never parsed its arguments
     assert (run_dir / "launch.gate").read_text().startswith("stop\n")
     assert not (run_dir / "model_config.json").exists()
+
+
+def test_a_kernel_shape_the_recipe_refuses_stops_the_ranks_at_the_gate(tmp_path: Path, small_data: Path) -> None:
+    """The recipe's kernel shapes are checked while the ranks start: a refused one stops them at the gate, and
+    the launcher reports the recipe's problem (exit 2), as a dry run reports it before anything starts."""
+    proc = _launch(small_data, tmp_path / "run", "--seq", "520")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert "error: recipe 'tiny-1gpu'" in proc.stderr and "top-k 520 is not a multiple of 64" in proc.stderr
+    assert "the launcher stopped this run before Megatron started: RecipeError" in output
+    dry = _launch(small_data, tmp_path / "dry", "--seq", "520", "--dry-run")
+    assert dry.returncode == 2 and "top-k 520 is not a multiple of 64" in dry.stderr and "command:" not in dry.stdout
+
+
+def test_a_recipe_checked_without_kernels_imports_no_upstream_and_leaves_the_kernel_shapes_to_kernel_problems() -> None:
+    """What a real launch checks before starting torchrun imports neither Megatron nor TileLang; the kernel
+    shapes (here the dense warm-up's top-k, the sequence length 520, not a multiple of the sparse MLA's 64) are
+    then reported by `kernel_problems`, and `check()` with kernels refuses them as before."""
+    code = (
+        "import sys\n"
+        "from nam56r.training.recipe import RecipeError, get_recipe\n"
+        "recipe = get_recipe('tiny-1gpu', seq_length=520, kernels=False)\n"
+        "print('imported', sorted(m for m in ('megatron', 'tilelang', 'mamba_ssm') if m in sys.modules))\n"
+        "print('problems', len(recipe.kernel_problems()))\n"
+        "try:\n    get_recipe('tiny-1gpu', seq_length=520)\n"
+        "except RecipeError as exc:\n    print('refused', 'not a multiple of 64' in str(exc))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=_base_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "imported []" and lines[1].startswith("problems ") and int(lines[1].split()[1]) >= 1
+    assert lines[2] == "refused True"
