@@ -3,7 +3,8 @@
 - ``train-step``: the proxy recipe and the full NAM56R on one GPU: tokens/s/GPU, TFLOP/s/GPU (nam56r.model.flops'
   formula, the run's steady-state window), MFU against a bf16 GEMM peak measured in the same run, peak
   memory, and, from a PyTorch-profiler trace of the proxy's steps 20-22, the top-10 kernels by CUDA time with
-  their share of the step and the GPU-idle share (`nam56r_bench.profile_trace`).
+  their share of the step and the GPU-idle share (`nam56r_bench.profile_trace`). Each row names the settings
+  its run trained with (`run_settings`: micro-batch, CE path, DSA indexer, IndexCache, recompute, backend).
 - ``microbatch``: the largest micro-batch that trains 3 steps at sequence 4096, proxy and full, on each memory
   path of the LM head and MTP heads in the same build: Megatron patches 0007/0008's fused linear CE
   (`--linear-ce liger`), our chunked linear CE (`--linear-ce chunked`, patch 0016, the recipes' default) and
@@ -131,7 +132,7 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
     result = train(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=profile if profiled else ())
     case = f"{recipe} 1 GPU" + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
     extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"],
-             "milestones_s": result["milestones_s"]}
+             "milestones_s": result["milestones_s"], **run_settings(run_dir)}
     summary = result["summary"]
     if summary is None:
         return Row(case, "patched", extra={**extra, "error": "\n".join(result["tail"][-15:])})
@@ -149,6 +150,16 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
             extra["error"] = f"profile: {exc}"
     return Row(case, "patched", time_ms=medians["iteration_time_s"] * 1e3, peak_extra_bytes=summary["peak_memory"]["bytes"],
                extra=extra)
+
+
+def run_settings(run_dir: Path) -> dict:
+    """The settings a row's speed depends on, from the recipe the launcher wrote into the run directory (what
+    the run trained with, defaults included); {} when the run wrote none."""
+    recipe_file = RunDir(run_dir).recipe
+    if not recipe_file.exists():
+        return {}
+    recipe = json.loads(recipe_file.read_text())
+    return {key: recipe[key] for key in ("micro_batch", "linear_ce", "dsa_indexer", "index_cache", "recompute", "backend") if key in recipe}
 
 
 # The LM head's and MTP heads' loss paths the microbatch suite compares in one build (the launcher's --linear-ce,

@@ -21,6 +21,7 @@ from nam56r_bench.training_suites import (
     models,
     predicted_largest,
     recompute_settings,
+    run_settings,
     train_command,
 )
 
@@ -242,3 +243,18 @@ def test_milestones_are_read_from_megatrons_print_datetime_lines(megatron_built)
         line = f"[default0]:[{what}] datetime: 2026-11-25 10:14:01.123456 "
         assert MILESTONE.search(line)["what"] == what
     assert MILESTONE.search("[before the start of training step] datetime: 2026-11-25 10:14:01.1 ") is None
+
+
+def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path, megatron_built) -> None:
+    """The recipe the launcher writes (here through its real `_write_run_files`) names the CE path, indexer and
+    the rest, defaults included, so a row says which paths it measured."""
+    from nam56r.training.flags import RunPaths
+    from nam56r.training.recipe import get_recipe
+    from nam56r.training.train import _write_run_files
+
+    assert run_settings(tmp_path / "none") == {}
+    recipe = get_recipe("proxy-1gpu", micro_batch=8, global_batch=8)
+    _write_run_files(RunPaths(tmp_path / "run", None, None), recipe.model_config(), recipe, "cmd")
+    settings = run_settings(tmp_path / "run")
+    assert settings["micro_batch"] == 8 and settings["linear_ce"] == recipe.linear_ce and settings["dsa_indexer"] == "megatron"
+    assert set(settings) == {"micro_batch", "linear_ce", "dsa_indexer", "index_cache", "recompute", "backend"}
