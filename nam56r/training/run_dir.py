@@ -32,10 +32,10 @@ class RunDir:
         """torchrun's per-rank logs."""
         return self.path / "logs"
 
-    @property
-    def launch_gate(self) -> Path:
-        """The launcher's verdict for the ranks it started (`nam56r.training.launch_gate`)."""
-        return self.path / "launch.gate"
+    def launch_gate(self, node_rank: int) -> Path:
+        """The verdict of node `node_rank`'s launcher for the ranks it started (`nam56r.training.launch_gate`): one
+        file per node, as each node's launcher gates its own ranks and the run directory may be shared."""
+        return self.path / f"launch-node{node_rank}.gate"
 
     @property
     def tensorboard(self) -> Path:

@@ -326,7 +326,7 @@ def _launch(cmd: list[str], env: dict[str, str], run_paths: RunPaths, prepare, *
     """Start torchrun at once and `prepare` while its ranks import (they wait at the launch gate), then open the
     gate; on any failure in `prepare` the gate is refused, the ranks exit having built nothing, and the failure
     is raised."""
-    gate = LaunchGate.fresh(run_paths.layout.launch_gate)
+    gate = LaunchGate.fresh(run_paths.layout.launch_gate(node_rank))
     proc = subprocess.Popen(cmd, env={**os.environ, **env, **gate.env()}, cwd=ROOT)
     try:
         prepare()

@@ -103,7 +103,7 @@ def test_the_launcher_starts_real_ranks_and_its_failed_preflight_stops_them_at_t
     assert "error: preflight failed" in proc.stderr
     assert "the launcher stopped this run before Megatron started: TrainError: preflight failed" in output
     assert "using world size" not in output  # Megatron never parsed its arguments
-    assert (run_dir / "launch.gate").read_text().startswith("stop\n")
+    assert (run_dir / "launch-node0.gate").read_text().startswith("stop\n")
     assert not (run_dir / "model_config.json").exists()
 
 
@@ -137,3 +137,15 @@ def test_a_recipe_checked_without_kernels_imports_no_upstream_and_leaves_the_ker
     lines = out.stdout.splitlines()
     assert lines[0] == "imported []" and lines[1].startswith("problems ") and int(lines[1].split()[1]) >= 1
     assert lines[2] == "refused True"
+
+
+def test_each_node_gates_its_own_ranks_in_a_shared_run_dir(tmp_path: Path) -> None:
+    """Node 1's launcher starting (a fresh gate) neither removes nor answers node 0's verdict."""
+    from nam56r.training.run_dir import RunDir
+
+    layout = RunDir(tmp_path)
+    node0 = LaunchGate.fresh(layout.launch_gate(0))
+    node0.open()
+    node1 = LaunchGate.fresh(layout.launch_gate(1))
+    assert node0.path != node1.path and node0.path.read_text() == "go\n" and not node1.path.exists()
+    assert wait_for_launch(node0.env()) is not None
