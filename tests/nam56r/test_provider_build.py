@@ -35,6 +35,7 @@ RUN_FIELDS = {
     "cp_comm_type", "deallocate_pipeline_outputs",
     # kernels and the backend (--transformer-impl, --fused-linear-cross-entropy, Megatron's training defaults)
     "transformer_impl", "fused_linear_cross_entropy", "masked_softmax_fusion", "bias_dropout_fusion", "attention_softmax_in_fp32",
+    "fused_linear_cross_entropy_impl",  # --linear-ce, a run setting (Megatron patch 0016); checked against the recipe below
     "moe_token_dispatcher_type",  # a runtime row; shape-level builds use the all-gather dispatcher
     "inference_sampling_seed",  # --seed
     "rotary_scaling_factor",  # YaRN's only; NAM56R's rope_type is "rope"
@@ -126,6 +127,11 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, overrides, t
         if is_dsa:  # the model config's DSA indexer path (launcher --dsa-indexer) reaches every DSA layer
             assert layer.self_attention.core_attention.indexer_path == model_config.dsa.indexer
     assert len(model.mtp.layers) == model_config.mtp.depths
+    # The recipe's LM-head / MTP CE path (launcher --linear-ce) reaches the built model's config.
+    from nam56r.model.linear_cross_entropy import CHUNKED_LINEAR_CE
+
+    assert recipe.linear_ce == "chunked" and model.config.fused_linear_cross_entropy
+    assert model.config.fused_linear_cross_entropy_impl == CHUNKED_LINEAR_CE
 
     # The two lowerings agree: Megatron's config from the flags (as the provider built with it) and ours.
     ours = nam56r.model.model.megatron_config(model_config, meta=True)
