@@ -13,10 +13,12 @@ Cases (each size by the ModelConfig field it is read from):
   fused scores + exact per-query select (``index_topk_fused``).
 - ``dsa layer fwd+bwd seq{seq} mb1``: one of NAM56R's DSA layers (input norm, absorbed MLA, indexer, sparse MLA,
   indexer loss; nam56r.model.model.build_dsa_layers, the model's spec on the recipe backend), forward+backward
-  in training mode: Megatron's indexer (``DSAConfig.indexer="megatron"``, with the preset's
-  dsa.kernel_backend: TileLang's indexer+loss) vs the fused top-k with the sparse loss on the selected keys
-  (``"fused"``); the sparse MLA is Megatron's TileLang one in both. ``dsa layers ... IndexCache``: the first
-  IndexCache group (1 Full + index_cache.share_group - 1 Shared layers), one after another.
+  in training mode, on each indexer path (``DSAConfig.indexer``): Megatron's (with the preset's
+  dsa.kernel_backend: TileLang's indexer+loss), the fused top-k with the sparse loss on the selected keys in torch
+  (``"fused"``) or on Megatron's TileLang loss kernels (``"fused-tilelang-loss"``); the sparse MLA is Megatron's
+  TileLang one on every path. ``dsa layers ... IndexCache``: the first IndexCache group (1 Full +
+  index_cache.share_group - 1 Shared layers), one after another, on each path, against the same layers without
+  IndexCache on Megatron's path (`layer_cases.dsa_layer_plan`).
 - ``lm-head ce`` / ``mtp ce``: output layer + cross-entropy forward+backward at vocab_size: logits then
   fp32 cross-entropy (core_v0.19.0) vs Megatron patch 0007/0008's chunked fused linear CE (Liger) vs
   ``nam56r_kernels.linear_cross_entropy`` (one MTP depth).

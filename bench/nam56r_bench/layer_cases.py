@@ -5,12 +5,52 @@ training mode, each path against Megatron's on the same weights (the cases are d
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from nam56r_bench.case_measure import measure
 from nam56r_bench.harness import Context, Row
 from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, dsa_layer_config, moe_layer_batch
 
-DSA_LAYER_VARIANTS = {"megatron": "upstream (Megatron's indexer, dsa_kernel_backend={backend})", "fused": "fused top-k + sparse loss"}
+DSA_LAYER_VARIANTS = {
+    "megatron": "upstream (Megatron's indexer, dsa_kernel_backend={backend})",
+    "fused": "fused top-k + sparse loss",
+    "fused-tilelang-loss": "fused top-k + Megatron's TileLang sparse loss",
+}
+
+
+@dataclass(frozen=True)
+class DsaLayerRun:
+    """One variant of a `dsa layer` case: its layers' indexer path and IndexCache setting, how many of the preset's
+    DSA layers run one after another, and the variant whose output its error is measured against (None: no error,
+    as for the first variant, or where the model differs: IndexCache's Shared layers reuse another top-k)."""
+
+    case: str
+    variant: str
+    indexer: str
+    index_cache: bool
+    layers: int
+    error_against: str | None
+
+
+def dsa_layer_plan(shapes: KernelShapes, sweep: KernelSweep, backend: str) -> list[DsaLayerRun]:
+    """The `dsa layer` cases: one DSA layer on each indexer path (Megatron's first, the baseline); then one IndexCache
+    group of layers (1 Full + share_group - 1 Shared) on each indexer path against the same layers without IndexCache
+    on Megatron's indexer (the baseline, which every layer's indexer computes), so that one run says whether IndexCache
+    and each indexer path pay."""
+    seq, batch = shapes.seq_length, sweep.dsa_layer_batch
+    share_group = dsa_layer_config(shapes.preset, "megatron", True).index_cache.share_group
+    kernel_backend = dsa_layer_config(shapes.preset, "megatron", False).dsa.kernel_backend
+    labels = {indexer: label.format(backend=kernel_backend) for indexer, label in DSA_LAYER_VARIANTS.items()}
+    single = f"dsa layer fwd+bwd seq{seq} mb{batch}"
+    runs = [DsaLayerRun(single, label, indexer, False, 1, None if indexer == "megatron" else labels["megatron"])
+            for indexer, label in labels.items()]
+    group = f"dsa layers fwd+bwd seq{seq} mb{batch}, {share_group} layers, IndexCache 1 Full + {share_group - 1} Shared"
+    runs.append(DsaLayerRun(group, f"upstream: {share_group} Full layers, no IndexCache (Megatron's indexer, dsa_kernel_backend="
+                                   f"{kernel_backend})", "megatron", False, share_group, None))
+    first_cached = f"IndexCache, {labels['megatron']}"
+    runs += [DsaLayerRun(group, f"IndexCache, {label}", indexer, True, share_group, None if indexer == "megatron" else first_cached)
+             for indexer, label in labels.items()]
+    return runs
 
 
 def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
@@ -19,29 +59,24 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
     from nam56r.model.model import build_dsa_layers
     from nam56r.model.specs import resolve_backend
 
-    batch, seq, backend = sweep.dsa_layer_batch, shapes.seq_length, resolve_backend("auto")
-    rows = []
-    for index_cache in (False, True):
-        share_group = dsa_layer_config(shapes.preset, "megatron", index_cache).index_cache.share_group
-        case = (f"dsa layers fwd+bwd seq{seq} mb{batch}, IndexCache 1 Full + {share_group - 1} Shared" if index_cache
-                else f"dsa layer fwd+bwd seq{seq} mb{batch}")
-        reference, weights = None, None
-        for indexer, variant in DSA_LAYER_VARIANTS.items():
-            config = dsa_layer_config(shapes.preset, indexer, index_cache)
-            built = build_dsa_layers(config, backend, device="cuda", params_dtype=torch.bfloat16)
-            layers = [built.layers[n] for n in sorted(built.layers)[: share_group if index_cache else 1]]
-            if weights is None:
-                weights = [layer.state_dict() for layer in layers]
-            for layer, state in zip(layers, weights, strict=True):
-                as_trained(layer).load_state_dict(state)
-                layer.train()
-            begin_pass = built.topk_cache.begin_forward if built.topk_cache is not None else None
-            row, result = measure(case, variant.format(backend=config.dsa.kernel_backend), _layers_step(layers, batch, seq, begin_pass),
-                                   ctx, reference=reference)
-            rows.append(row)
-            reference = reference if reference is not None else result
-            del built, layers, result
-            torch.cuda.empty_cache()
+    backend = resolve_backend("auto")
+    rows, results, weights = [], {}, None
+    for run in dsa_layer_plan(shapes, sweep, backend):
+        config = dsa_layer_config(shapes.preset, run.indexer, run.index_cache)
+        built = build_dsa_layers(config, backend, device="cuda", params_dtype=torch.bfloat16)
+        layers = [built.layers[n] for n in sorted(built.layers)[: run.layers]]
+        if weights is None or len(weights) < len(layers):
+            weights = [as_trained(layer).state_dict() for layer in layers]
+        for layer, state in zip(layers, weights, strict=False):
+            as_trained(layer).load_state_dict(state)
+            layer.train()
+        begin_pass = built.topk_cache.begin_forward if built.topk_cache is not None else None
+        row, result = measure(run.case, run.variant, _layers_step(layers, sweep.dsa_layer_batch, shapes.seq_length, begin_pass), ctx,
+                              reference=results.get((run.case, run.error_against)))
+        rows.append(row)
+        results[(run.case, run.variant)] = result
+        del built, layers
+        torch.cuda.empty_cache()
     return rows
 
 

@@ -10,9 +10,12 @@ disagreed (two hidden sizes, a parameter figure quoted for the other width). Her
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Literal
+from typing import Literal, get_args
 
 Precision = Literal["bf16", "fp8-tensorwise"]
+# How a DSA layer selects its top-k and trains its indexer (DSAConfig.indexer).
+DSAIndexerPath = Literal["megatron", "fused", "fused-tilelang-loss"]
+DSA_INDEXER_PATHS: tuple[str, ...] = get_args(DSAIndexerPath)
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,14 @@ class DSAConfig:
     sparse_indexer_loss: bool = True
     # How a DSA layer that computes its top-k selects it and trains its indexer. "megatron": Megatron's
     # DSAttention (with kernel_backend="tilelang", its TileLang indexer writes fp32 logits for every key, then
-    # torch.topk). "fused": our Triton scores + exact top-k (nam56r_kernels.dsa_indexer.index_topk_fused), which
-    # writes one sequence's fp32 [sq, sk] scores at a time, and the sparse indexer loss on the selected pairs only
-    # (nam56r.model.dsa_fused_indexer); CUDA tensors only, sparse loss only. The sparse MLA is Megatron's
-    # either way. Megatron's stays the default until `nox -s bench -- kernels` (case "dsa layer fwd+bwd")
-    # measures the fused layer faster on a GPU.
-    indexer: Literal["megatron", "fused"] = "megatron"
+    # torch.topk, and its TileLang kernels compute the sparse loss). The fused paths select with our Triton
+    # scores + exact top-k (nam56r_kernels.dsa_indexer.index_topk_fused), which writes one sequence's fp32
+    # [sq, sk] scores at a time, and compute the sparse indexer loss on the selected pairs only
+    # (nam56r.model.dsa_fused_indexer): "fused" in torch, "fused-tilelang-loss" on Megatron's TileLang
+    # target, KL and indexer-backward kernels. CUDA tensors only, sparse loss only. The sparse MLA is
+    # Megatron's on every path. Megatron's stays the default until `nox -s bench -- kernels` (case
+    # "dsa layer fwd+bwd") measures a fused layer faster on a GPU.
+    indexer: DSAIndexerPath = "megatron"
 
 
 @dataclass(frozen=True)
@@ -174,11 +179,11 @@ class ModelConfig:
             problems.append(f"moe.topk {self.moe.topk} exceeds moe.num_experts {self.moe.num_experts}")
         if self.dsa.topk < 1:
             problems.append(f"dsa.topk {self.dsa.topk} must be positive")
-        if self.dsa.indexer not in ("megatron", "fused"):
-            problems.append(f"dsa.indexer {self.dsa.indexer!r} must be 'megatron' or 'fused'")
-        elif self.dsa.indexer == "fused" and not self.dsa.sparse_indexer_loss:
+        if self.dsa.indexer not in DSA_INDEXER_PATHS:
+            problems.append(f"dsa.indexer {self.dsa.indexer!r} must be one of {', '.join(map(repr, DSA_INDEXER_PATHS))}")
+        elif self.dsa.indexer != "megatron" and not self.dsa.sparse_indexer_loss:
             problems.append(
-                "dsa.indexer 'fused' trains the indexer with the sparse loss only (the dense one needs gradients at every "
+                f"dsa.indexer {self.dsa.indexer!r} trains the indexer with the sparse loss only (the dense one needs gradients at every "
                 "causal key); set dsa.sparse_indexer_loss=True or dsa.indexer='megatron'"
             )
         if self.full_attention_every < 1:

@@ -33,14 +33,25 @@ own branch for a layer whose top-k comes from elsewhere (the one its top-k shari
 which runs the sparse MLA on them; the indices are int32 [b, sq, topk] with -1 in empty slots, the layout
 Megatron's TileLang indexer produces and both its sparse MLA paths read.
 
-The fused path covers what NAM56R trains: causal self-attention, absorbed MLA (one latent KV head),
-tensor and context parallel 1, no packed sequences, CUDA tensors (or Triton's CPU interpreter). Anything
-else raises `FusedIndexerUnsupported` naming it; nothing falls back to Megatron's indexer silently.
+Two implementations of that loss, named by `DSAConfig.indexer`:
+
+- ``"fused"``: the scores at the selected pairs in plain torch (keys gathered at the indices, autograd,
+  recomputed in backward) and the target by chunks of query rows in fp32; runs under Triton's CPU interpreter
+  too, which is how the CPU tests hold it to Megatron's naive loss.
+- ``"fused-tilelang-loss"``: the selected pairs' scores are the ones the fused top-k kernel kept (no second
+  pass), and the rest is Megatron's own TileLang kernels from its streaming sparse loss
+  (`ops/tilelang_dsa.py`): the target (`sparse_indexer_target_interface`), the KL and its logits gradient
+  (`SparseIndexerKLLoss`), and the indexer backward at the selected keys (`indexer_bwd_interface`, the
+  backward of Megatron's `IndexerFunction`). What Megatron's path computes and this one does not is the fp32
+  logits over every key and `torch.topk` over them. CUDA and bf16 only (the TileLang kernels' contract).
+
+The fused paths cover what NAM56R trains: causal self-attention, absorbed MLA (one latent KV head),
+tensor and context parallel 1, no packed sequences, CUDA tensors (or Triton's CPU interpreter for
+``"fused"``). Anything else raises `FusedIndexerUnsupported` naming it; nothing falls back to Megatron's
+indexer silently.
 """
 
 from __future__ import annotations
-
-from typing import Literal
 
 import torch
 from megatron.core.transformer.enums import AttnMaskType
@@ -55,8 +66,10 @@ from nam56r_kernels.dsa_indexer import index_topk_fused
 from nam56r_kernels.triton_support import require_cuda_or_interpreter
 from torch.utils.checkpoint import checkpoint
 
-IndexerPath = Literal["megatron", "fused"]
-INDEXER_PATHS: tuple[str, ...] = ("megatron", "fused")
+from nam56r.model.config import DSA_INDEXER_PATHS, DSAIndexerPath
+
+# Every path but Megatron's selects with the fused top-k.
+FUSED_SELECTION_PATHS: tuple[str, ...] = tuple(path for path in DSA_INDEXER_PATHS if path != "megatron")
 # Query rows per chunk of the target: bounds its gathered keys and [b, rows, heads, topk] logits (fp32).
 TARGET_ROW_CHUNK = 1024
 
@@ -65,14 +78,21 @@ class FusedIndexerUnsupported(RuntimeError):
     """The fused indexer path cannot run this layer call; the message names what it lacks."""
 
 
-def select_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk: int, *, use_relu: bool) -> torch.Tensor:
-    """int32 [b, sq, min(topk, sk)] causal top-k indices (-1 in slots with no visible key), without gradients.
+def select_topk_scored(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk: int, *,
+                       use_relu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 scores, int32 indices) [b, sq, min(topk, sk)] of the causal top-k, without gradients: -inf and -1 in
+    slots with no visible key.
 
     q [sq, b, H, D], k [sk, b, D], weights [sq, b, H] (Megatron's indexer layouts)."""
-    require_cuda_or_interpreter(q, "the fused DSA indexer (DSAConfig.indexer='fused')", "DSAConfig.indexer='megatron'")
+    where = "the fused DSA top-k (DSAConfig.indexer='fused' or 'fused-tilelang-loss')"
+    require_cuda_or_interpreter(q, where, "DSAConfig.indexer='megatron'")
     with torch.no_grad():
-        _, indices = index_topk_fused(q.detach(), k.detach(), weights.detach(), topk, use_relu=use_relu, causal=True)
-    return indices
+        return index_topk_fused(q.detach(), k.detach(), weights.detach(), topk, use_relu=use_relu, causal=True)
+
+
+def select_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk: int, *, use_relu: bool) -> torch.Tensor:
+    """The indices of `select_topk_scored`."""
+    return select_topk_scored(q, k, weights, topk, use_relu=use_relu)[1]
 
 
 def index_scores_at(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, *, use_relu: bool) -> torch.Tensor:
@@ -137,22 +157,89 @@ def sparse_indexer_loss(
     )
 
 
+class _SelectedIndexScores(torch.autograd.Function):
+    """One sequence's index scores at its selected keys: the values the fused top-k kept, differentiable
+    w.r.t. q [sq, H, D], k [sk, D] and weights [sq, H] (fp32) through Megatron's TileLang indexer backward at
+    `indices` [sq, topk] (int32, -1 in empty slots), as in the backward of Megatron's `IndexerFunction`."""
+
+    @staticmethod
+    def forward(ctx, q, k, weights, indices, scores, use_relu):
+        ctx.save_for_backward(q, k, weights, indices)
+        ctx.use_relu = use_relu
+        return scores.clone()
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        from megatron.core.transformer.experimental_attention_variant.ops.tilelang_indexer_bwd import indexer_bwd_interface
+
+        q, k, weights, indices = ctx.saved_tensors
+        grad_q, grad_weights, grad_k = indexer_bwd_interface(q, weights, k, indices, grad_scores.contiguous(), use_relu=ctx.use_relu)
+        return grad_q, grad_k, grad_weights, None, None, None
+
+
+def tilelang_kernel_problems(q: torch.Tensor, k: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> list[str]:
+    """What keeps Megatron's TileLang sparse-loss kernels from these tensors (CUDA, bf16 indexer q/k and
+    attention query/key); [] when they take them."""
+    problems = [f"{name} on {t.device}" for name, t in (("q", q), ("query", query)) if t.device.type != "cuda"]
+    problems += [f"{name} in {t.dtype}" for name, t in (("q", q), ("k", k), ("query", query), ("key", key)) if t.dtype != torch.bfloat16]
+    return problems
+
+
+def sparse_indexer_loss_tilelang(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    indices: torch.Tensor,
+    scores: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    softmax_scale: float,
+    loss_coeff: float,
+    use_relu: bool,
+    calculate_per_token_loss: bool,
+) -> torch.Tensor:
+    """`sparse_indexer_loss` on Megatron's TileLang kernels, one sequence at a time: the target over the selected
+    keys, the KL with its logits gradient, and the indexer backward, with the fused top-k's `scores` [b, sq, topk]
+    (fp32, -inf in empty slots) as the index logits. A scalar differentiable w.r.t. q, k and weights only."""
+    from megatron.core.transformer.experimental_attention_variant.ops.tilelang_indexer_loss import (
+        SparseIndexerKLLoss,
+        sparse_indexer_target_interface,
+    )
+
+    sq, batch = q.shape[:2]
+    valid = indices >= 0
+    kl_sum = torch.zeros((), dtype=torch.float32, device=q.device)
+    for bi in range(batch):
+        logits = _SelectedIndexScores.apply(q[:, bi].contiguous(), k[:, bi].contiguous(), weights[:, bi].float().contiguous(),
+                                            indices[bi].contiguous(), scores[bi], use_relu)
+        with torch.no_grad():
+            target = sparse_indexer_target_interface(query[:, bi].detach().contiguous(), key[:, bi, 0].detach().contiguous(),
+                                                     indices[bi].contiguous(), softmax_scale)
+        kl_sum = kl_sum + SparseIndexerKLLoss.apply(target, logits, valid[bi].contiguous())
+    kl = dsa_indexer_loss.reduce_indexer_kl_sum(kl_sum, num_rows=batch * sq, calculate_per_token_loss=calculate_per_token_loss,
+                                                valid_row_count=None)
+    return kl * loss_coeff
+
+
 class FusedIndexerDSAttention(DSAttention):
     """Megatron's DSAttention whose top-k computing layers select with the fused kernel and train their
-    indexer with the sparse loss on the selected pairs (`indexer="fused"`); with `indexer="megatron"` it is
-    Megatron's DSAttention. Layers that reuse another layer's top-k run Megatron's code either way."""
+    indexer with the sparse loss on the selected pairs, in torch (`indexer="fused"`) or on Megatron's TileLang
+    loss kernels (`"fused-tilelang-loss"`); with `indexer="megatron"` it is Megatron's DSAttention. Layers that
+    reuse another layer's top-k run Megatron's code on every path."""
 
-    def __init__(self, *args, indexer: IndexerPath = "megatron", **kwargs) -> None:
+    def __init__(self, *args, indexer: DSAIndexerPath = "megatron", **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if indexer not in INDEXER_PATHS:
-            raise ValueError(f"indexer must be one of {INDEXER_PATHS}, got {indexer!r}")
-        if indexer == "fused" and (self.config.dsa_indexer_loss_coeff or 0.0) > 0 and not self.config.dsa_indexer_use_sparse_loss:
+        if indexer not in DSA_INDEXER_PATHS:
+            raise ValueError(f"indexer must be one of {DSA_INDEXER_PATHS}, got {indexer!r}")
+        trains_indexer = (self.config.dsa_indexer_loss_coeff or 0.0) > 0
+        if indexer in FUSED_SELECTION_PATHS and trains_indexer and not self.config.dsa_indexer_use_sparse_loss:
             raise ValueError(
-                "the fused DSA indexer trains with the sparse indexer loss only (dsa_indexer_use_sparse_loss=True): the dense "
-                "loss normalizes over every causal key and needs the full index scores with gradients; set "
+                f"the fused DSA indexer ({indexer!r}) trains with the sparse indexer loss only (dsa_indexer_use_sparse_loss=True): "
+                "the dense loss normalizes over every causal key and needs the full index scores with gradients; set "
                 "DSAConfig.sparse_indexer_loss=True or DSAConfig.indexer='megatron'"
             )
-        self.indexer_path: IndexerPath = indexer
+        self.indexer_path: DSAIndexerPath = indexer
 
     def forward(self, query, key, value, attention_mask, x, qr, position_ids=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, up_v_weight=None):
@@ -167,16 +254,28 @@ class FusedIndexerDSAttention(DSAttention):
         with torch.enable_grad() if use_loss else torch.no_grad():
             q, k, weights = self.indexer.forward_before_topk(x.detach(), qr.detach(), packed_seq_params)
         use_relu = self.config.dsa_indexer_scoring_relu
-        indices = select_topk(q, k, weights, self.index_topk, use_relu=use_relu)
+        tilelang_loss = use_loss and self.indexer_path == "fused-tilelang-loss"
+        if tilelang_loss and (problems := tilelang_kernel_problems(q, k, query, key)):
+            raise FusedIndexerUnsupported(
+                f"{self._where()} does not support {', '.join(problems)}: Megatron's TileLang sparse-loss kernels take CUDA "
+                "bf16 tensors; set DSAConfig.indexer='fused' (the loss in torch) or 'megatron'"
+            )
+        scores, indices = select_topk_scored(q, k, weights, self.index_topk, use_relu=use_relu)
         loss = None
-        if use_loss:
-            loss = sparse_indexer_loss(q, k, weights, indices, query, key, softmax_scale=self.softmax_scale, loss_coeff=loss_coeff,
-                                       use_relu=use_relu, calculate_per_token_loss=self.config.calculate_per_token_loss)
+        options = dict(softmax_scale=self.softmax_scale, loss_coeff=loss_coeff, use_relu=use_relu,
+                       calculate_per_token_loss=self.config.calculate_per_token_loss)
+        if tilelang_loss:
+            loss = sparse_indexer_loss_tilelang(q, k, weights, indices, scores, query, key, **options)
+        elif use_loss:
+            loss = sparse_indexer_loss(q, k, weights, indices, query, key, **options)
         output = self._attend_with_topk(indices, query, key, value, attention_mask, x, qr, call)
         if loss is not None:
             DSAIndexerLossLoggingHelper.save_loss_to_tracker(loss=loss, layer_number=self.layer_number, num_layers=self.config.num_layers)
             output = DSAIndexerLossAutoScaler.apply(output, loss)
         return output
+
+    def _where(self) -> str:
+        return f"the fused DSA indexer (DSAConfig.indexer={self.indexer_path!r}, layer {self.layer_number})"
 
     def _attend_with_topk(self, indices, query, key, value, attention_mask, x, qr, call: dict) -> torch.Tensor:
         """Megatron's DSAttention on `indices`: its branch for a layer that reuses a top-k, with this layer as
@@ -194,7 +293,7 @@ class FusedIndexerDSAttention(DSAttention):
                 holder.pop(self.layer_number, None)
 
     def _check_fused_call(self, query, key, value, attn_mask_type, packed_seq_params) -> None:
-        where = f"the fused DSA indexer (DSAConfig.indexer='fused', layer {self.layer_number})"
+        where = self._where()
         problems = []
         if packed_seq_params is not None:
             problems.append(f"packed sequences (packed_seq_params, qkv_format={getattr(packed_seq_params, 'qkv_format', None)!r})")

@@ -8,7 +8,7 @@ indexer, so a Shared layer without a valid entry for this forward pass computes 
 says so once, instead of reusing a stale or wrong-shaped one.
 
 Each forward the model calls `TopkCache.begin_forward()`. Full layers compute their top-k with the
-holder on (Megatron's indexer, or the fused one with `DSAConfig.indexer="fused"`,
+holder on (Megatron's indexer, or the fused one with `DSAConfig.indexer="fused"` or `"fused-tilelang-loss"`,
 `nam56r.model.dsa_fused_indexer`) and store it; Shared layers find the entry valid (same pass,
 rows, batch, device) and run Megatron's skip branch with exactly that tensor.
 """

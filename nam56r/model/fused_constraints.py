@@ -3,7 +3,8 @@
 With `dsa.kernel_backend="tilelang"` every DSA layer runs Megatron's fused TileLang indexer+loss and
 sparse MLA with declines made errors (`dsa_strict_fused_paths`, Megatron patch 0004), or, with
 `dsa.indexer="fused"`, the fused Triton top-k (`nam56r_kernels.dsa_indexer`) in place of the TileLang
-indexer+loss; with `mamba.mimo` every Mamba-3 layer runs mamba_ssm's MIMO TileLang kernels. All refuse
+indexer+loss, or with `dsa.indexer="fused-tilelang-loss"` that top-k and the TileLang loss kernels;
+with `mamba.mimo` every Mamba-3 layer runs mamba_ssm's MIMO TileLang kernels. All refuse
 unsupported shapes only when the first layer runs on a GPU, minutes into a launch. `fused_kernel_violations`
 names every such shape of a config up front; the preflight and `Recipe.check()` report it.
 
@@ -46,7 +47,7 @@ def fused_kernel_violations(config: ModelConfig) -> list[str]:
     problems: list[str] = []
     if config.dsa.kernel_backend == "tilelang":
         problems += dsa_violations(config)
-    if config.dsa.indexer == "fused":
+    if config.dsa.indexer != "megatron":
         problems += fused_indexer_violations(config)
     if config.mamba.mimo:
         problems += mamba3_mimo_violations(config)
@@ -78,8 +79,9 @@ def dsa_violations(config: ModelConfig) -> list[str]:
     topk = effective_topk(config)
     topk_text = f"top-k {topk}" + ("" if topk == dsa.topk else f" (dsa.topk {dsa.topk} capped by seq_length {config.seq_length})")
     problems = []
-    # With dsa.indexer="fused" the TileLang indexer+loss kernels are not called (fused_indexer_violations).
-    uses_loss_kernels = dsa.indexer == "megatron"
+    # With dsa.indexer="fused" the TileLang indexer+loss kernels are not called (fused_indexer_violations);
+    # "fused-tilelang-loss" calls the loss's (target, KL, indexer backward), not the indexer forward.
+    uses_loss_kernels = dsa.indexer in ("megatron", "fused-tilelang-loss")
     if uses_loss_kernels and not dsa.sparse_indexer_loss:
         problems.append(
             f"{loss_path}: the dense indexer loss (dsa.sparse_indexer_loss=False) has no fused kernel; set dsa.sparse_indexer_loss=True"

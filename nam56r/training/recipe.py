@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar, Literal, get_args
 
-from nam56r.model.config import ModelConfig, Precision
+from nam56r.model.config import DSAIndexerPath, ModelConfig, Precision
 from nam56r.model.presets import PRESETS, get_preset
 from nam56r.training.phases import DsaPhases
 from nam56r.training.recall_probe import RecallSchedule
@@ -99,7 +99,7 @@ class Recipe:
     precision: Precision = "bf16"
     backend: BackendChoice = "auto"
     index_cache: bool = False
-    dsa_indexer: Literal["megatron", "fused"] = "megatron"  # DSAConfig.indexer: Megatron's indexer or the fused top-k
+    dsa_indexer: DSAIndexerPath = "megatron"  # DSAConfig.indexer: Megatron's indexer, or the fused top-k with its loss in torch or TileLang
     # LM head and MTP heads: "chunked", our chunked linear CE (nam56r.model.linear_cross_entropy, through patch
     # 0016), the default because docs/bench/kernels.json shows it faster than logits + CE with 1.75 GiB extra;
     # "liger", Liger's fused linear CE (Megatron patches 0007/0008), slower than logits + CE there; "logits",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from nam56r.model.config import DSA_INDEXER_PATHS
 from nam56r.model.presets import PRESETS
 from nam56r.training.recipe import RECIPES, Recompute
 
@@ -48,9 +49,11 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
     shape.add_argument("--save-interval", type=int, help="steps between checkpoints")
     shape.add_argument("--backend", choices=("auto", "te", "local"), help="layer backend (auto: TE when installed)")
     shape.add_argument("--index-cache", choices=("on", "off"), help="IndexCache for the DSA layers")
-    shape.add_argument("--dsa-indexer", choices=("megatron", "fused"),
-                       help="how DSA layers select their top-k and train the indexer: Megatron's indexer (the default) or the "
-                            "fused Triton top-k with the sparse loss on the selected keys (nam56r.model.dsa_fused_indexer)")
+    shape.add_argument("--dsa-indexer", choices=DSA_INDEXER_PATHS,
+                       help="how DSA layers select their top-k and train the indexer: Megatron's TileLang indexer and loss "
+                            "(megatron, the default), or the fused Triton top-k with the sparse loss on the selected keys "
+                            "computed in torch (fused) or by Megatron's TileLang loss kernels (fused-tilelang-loss); "
+                            "nam56r.model.dsa_fused_indexer")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
     shape.add_argument("--linear-ce", choices=("liger", "chunked", "logits"),
                        help="LM head and MTP heads: our chunked linear cross-entropy through Megatron patch 0016 (chunked, "

@@ -84,10 +84,38 @@ def test_the_dsa_layer_cases_measure_every_indexer_path(megatron_built) -> None:
     from nam56r_bench.kernel_suite import CASES
     from nam56r_bench.layer_cases import DSA_LAYER_VARIANTS, dsa_layer_cases
 
-    from nam56r.model.dsa_fused_indexer import INDEXER_PATHS
+    from nam56r.model.config import DSA_INDEXER_PATHS
 
-    assert tuple(DSA_LAYER_VARIANTS) == INDEXER_PATHS
+    assert tuple(DSA_LAYER_VARIANTS) == DSA_INDEXER_PATHS
     assert dsa_layer_cases in CASES
+
+
+def test_the_dsa_layer_plan_measures_each_path_and_index_cache_against_megatrons_layers(megatron_built) -> None:
+    from nam56r_bench.harness import BASELINE_PREFIXES
+    from nam56r_bench.layer_cases import dsa_layer_plan
+
+    from nam56r.model.config import DSA_INDEXER_PATHS
+
+    runs = dsa_layer_plan(kernel_shapes(), FULL_SWEEP, "local")
+    single, group = sorted({run.case for run in runs}, key=[run.case for run in runs].index)
+    assert single == "dsa layer fwd+bwd seq4096 mb1"
+    assert group == "dsa layers fwd+bwd seq4096 mb1, 3 layers, IndexCache 1 Full + 2 Shared"
+    by_case = {case: [run for run in runs if run.case == case] for case in (single, group)}
+    # Each case: one baseline, first, on Megatron's indexer without IndexCache; then every path.
+    for case, case_runs in by_case.items():
+        baselines = [run for run in case_runs if run.variant.startswith(BASELINE_PREFIXES)]
+        assert baselines == case_runs[:1] and (baselines[0].indexer, baselines[0].index_cache) == ("megatron", False), case
+    assert [(r.indexer, r.index_cache, r.layers) for r in by_case[single]] == [(p, False, 1) for p in DSA_INDEXER_PATHS]
+    group_runs = [(r.indexer, r.index_cache, r.layers) for r in by_case[group]]
+    assert group_runs == [("megatron", False, 3)] + [(p, True, 3) for p in DSA_INDEXER_PATHS]
+    assert "dsa_kernel_backend=tilelang" in by_case[single][0].variant
+    # Errors only between runs of the same model: never across IndexCache on and off.
+    variants = {(run.case, run.variant): run for run in runs}
+    for run in runs:
+        if run.error_against is not None:
+            reference = variants[(run.case, run.error_against)]
+            assert reference.index_cache == run.index_cache and reference.indexer == "megatron", run
+    assert [run.error_against is None for run in by_case[group]] == [True, True, False, False]
 
 
 # The `dsa layer` cases' step on CPU (Triton's interpreter) at nam56r-tiny's widths, 48 tokens, top-16.

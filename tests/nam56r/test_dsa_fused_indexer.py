@@ -232,11 +232,12 @@ def test_fused_dsa_layers_match_megatrons_with_and_without_index_cache(run_inter
 
 
 def test_the_switch_reaches_the_layers_of_the_model_builder(megatron_built) -> None:
+    from nam56r.model.config import DSA_INDEXER_PATHS
     from nam56r.model.dsa_fused_indexer import FusedIndexerDSAttention
     from nam56r.model.model import build_model
     from nam56r.model.pattern import LayerKind
 
-    for indexer in ("megatron", "fused"):
+    for indexer in DSA_INDEXER_PATHS:
         config = replace(get_preset("nam56r-tiny"), dsa=replace(get_preset("nam56r-tiny").dsa, indexer=indexer))
         built = build_model(config, "local", device="meta")
         dsa_layers = [built.model.decoder.layers[n - 1] for n in built.layout.layer_numbers(LayerKind.DSA)]
@@ -280,8 +281,23 @@ def test_cpu_tensors_without_the_interpreter_are_refused_naming_the_switch(fused
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     attention, call = _attention_call(fused_layers)
-    with cuda_buffers_on("cpu"), pytest.raises(RuntimeError, match=r"DSAConfig.indexer='fused'\) needs CUDA tensors, got device cpu; "
-                                                                     r"use DSAConfig.indexer='megatron' for CPU"):
+    with cuda_buffers_on("cpu"), pytest.raises(RuntimeError, match=r"DSAConfig.indexer='fused' or 'fused-tilelang-loss'\) needs CUDA "
+                                                                     r"tensors, got device cpu; use DSAConfig.indexer='megatron' for CPU"):
+        attention(**call)
+
+
+def test_the_tilelang_loss_path_refuses_cpu_tensors_even_under_the_interpreter(megatron_built, monkeypatch) -> None:
+    """Megatron's TileLang loss kernels have no interpreter: the layer names what it got and the two other paths."""
+    from nam56r.model.dsa_fused_indexer import FusedIndexerUnsupported
+    from nam56r.model.model import build_dsa_layers, cuda_buffers_on
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    attention, call = _attention_call(build_dsa_layers(layer_config("fused-tilelang-loss", index_cache=False), "local"))
+    attention.train()
+    with cuda_buffers_on("cpu"), pytest.raises(FusedIndexerUnsupported, match=(
+            r"DSAConfig.indexer='fused-tilelang-loss', layer \d+\) does not support q on cpu, query on cpu, q in torch.float32, "
+            r"k in torch.float32, query in torch.float32, key in torch.float32: Megatron's TileLang sparse-loss kernels take CUDA bf16 "
+            r"tensors; set DSAConfig.indexer='fused' \(the loss in torch\) or 'megatron'")):
         attention(**call)
 
 
@@ -306,9 +322,10 @@ def test_the_dense_loss_and_unknown_paths_are_refused(megatron_built, monkeypatc
     from nam56r.model.model import build_dsa_layers
 
     base = get_preset("nam56r-tiny")
-    with pytest.raises(ValueError, match="dsa.indexer 'fused' trains the indexer with the sparse loss only"):
-        replace(base, dsa=replace(base.dsa, indexer="fused", sparse_indexer_loss=False)).validate()
-    with pytest.raises(ValueError, match="dsa.indexer 'triton' must be 'megatron' or 'fused'"):
+    for indexer in ("fused", "fused-tilelang-loss"):
+        with pytest.raises(ValueError, match=f"dsa.indexer '{indexer}' trains the indexer with the sparse loss only"):
+            replace(base, dsa=replace(base.dsa, indexer=indexer, sparse_indexer_loss=False)).validate()
+    with pytest.raises(ValueError, match="dsa.indexer 'triton' must be one of 'megatron', 'fused', 'fused-tilelang-loss'"):
         replace(base, dsa=replace(base.dsa, indexer="triton")).validate()
     # A Megatron config from elsewhere (the training flags) with the dense loss: the layer refuses it when built.
     import nam56r.model.model as model
@@ -339,3 +356,82 @@ def test_fused_indexer_shapes_are_checked_before_launch(megatron_built) -> None:
     assert "seq_length 65536 exceeds the 32768 keys per query" in too_long
     (odd_dim,) = fused_kernel_violations(replace(fused, dsa=replace(fused.dsa, indexer_head_dim=48)))
     assert "dsa.indexer_head_dim 48 is not a power of two >= 16" in odd_dim
+
+
+def test_the_tilelang_loss_path_is_held_to_megatrons_loss_kernel_shapes(megatron_built) -> None:
+    """`fused-tilelang-loss` selects with the fused top-k and trains with Megatron's TileLang loss kernels: the
+    preflight checks both contracts, where "fused" (the loss in torch) needs only the top-k's."""
+    from nam56r.model.fused_constraints import fused_kernel_violations
+
+    nam56r = get_preset("nam56r")
+    for indexer in ("fused", "fused-tilelang-loss"):
+        assert fused_kernel_violations(replace(nam56r, dsa=replace(nam56r.dsa, indexer=indexer))) == []
+    few_heads = {indexer: fused_kernel_violations(replace(nam56r, dsa=replace(nam56r.dsa, indexer=indexer, indexer_heads=12)))
+                 for indexer in ("fused", "fused-tilelang-loss")}
+    assert few_heads["fused"] == []
+    assert any("indexer heads 12 unsupported by the TileLang indexer backward" in p for p in few_heads["fused-tilelang-loss"])
+    (narrow_topk,) = [p for p in fused_kernel_violations(replace(nam56r, dsa=replace(nam56r.dsa, indexer="fused-tilelang-loss", topk=192)))
+                      if "sparse KL kernel" in p]
+    assert "top-k 192" in narrow_topk
+    (select_limit,) = fused_kernel_violations(replace(nam56r, seq_length=65536, dsa=replace(nam56r.dsa, indexer="fused-tilelang-loss")))
+    assert "exceeds the 32768 keys per query" in select_limit
+
+
+def _tilelang_contracts_in_torch(monkeypatch) -> dict:
+    """Megatron's three TileLang sparse-loss interfaces replaced by torch functions of their documented contracts
+    (the TileLang kernels run on CUDA only; tests/nam56r/test_gpu_dsa_indexer_paths.py runs the real ones), counting
+    their calls: what `sparse_indexer_loss_tilelang` hands them and does with their results is the glue under test."""
+    from megatron.core.transformer.experimental_attention_variant.ops import tilelang_indexer_bwd, tilelang_indexer_loss
+
+    from nam56r.model.dsa_fused_indexer import index_scores_at
+
+    calls = {"target": 0, "kl": 0, "indexer backward": 0}
+
+    def target(query, key, indices, softmax_scale):  # [sq, H, d], [sk, d], [sq, topk] -> fp32 [sq, topk], summed over heads
+        calls["target"] += 1
+        valid = (indices >= 0).unsqueeze(1)
+        logits = torch.einsum("shd,skd->shk", query.float(), key.float()[indices.clamp(min=0).long()]) * softmax_scale
+        return torch.softmax(logits.masked_fill(~valid, float("-inf")), dim=-1).masked_fill(~valid, 0).sum(dim=1)
+
+    def kl(target, logits, valid):  # (sum of KL(T / sum T || softmax(logits)) over rows, its gradient w.r.t. logits)
+        calls["kl"] += 1
+        t = target.masked_fill(~valid, 0) / target.masked_fill(~valid, 0).sum(-1, keepdim=True)
+        log_p = torch.log_softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)
+        terms = torch.where(valid & (t > 0), t * (t.clamp_min(1e-30).log() - log_p), torch.zeros_like(t))
+        return terms.sum(), (log_p.exp() - t).masked_fill(~valid, 0)
+
+    def indexer_backward(q, weights, k, indices, grad_scores, use_relu=True):  # -> grad q, grad weights, grad k
+        calls["indexer backward"] += 1
+        q, weights, k = (t.detach().requires_grad_() for t in (q, weights, k))
+        with torch.enable_grad():
+            scores = index_scores_at(q.unsqueeze(1), k.unsqueeze(1), weights.unsqueeze(1), indices.unsqueeze(0), use_relu=use_relu)[0]
+            grad_q, grad_w, grad_k = torch.autograd.grad((scores * grad_scores).masked_fill(indices < 0, 0).sum(), (q, weights, k))
+        return grad_q, grad_w, grad_k
+
+    monkeypatch.setattr(tilelang_indexer_loss, "sparse_indexer_target_interface", target)
+    monkeypatch.setattr(tilelang_indexer_loss, "sparse_indexer_kl_interface", kl)
+    monkeypatch.setattr(tilelang_indexer_bwd, "indexer_bwd_interface", indexer_backward)
+    return calls
+
+
+def test_the_tilelang_loss_glue_gives_the_torch_paths_loss_and_gradients(megatron_built, monkeypatch) -> None:
+    from nam56r_kernels.dsa_indexer import index_topk_reference
+
+    from nam56r.model.dsa_fused_indexer import sparse_indexer_loss, sparse_indexer_loss_tilelang
+
+    calls = _tilelang_contracts_in_torch(monkeypatch)
+    q, k, weights, query, key = indexer_loss_inputs(40, 2, 4, 16, 3, 48, seed=0)
+    for use_relu, per_token, coeff in ((True, False, 1.0), (False, True, 0.5)):
+        scores, indices = index_topk_reference(q, k, weights, 12, use_relu=use_relu)
+        assert bool((indices == -1).any()), "rows with empty slots are part of the contract"
+        results = []
+        for tilelang in (False, True):
+            leaves = [t.clone().requires_grad_() for t in (q, k, weights)]
+            kwargs = dict(softmax_scale=48**-0.5, loss_coeff=coeff, use_relu=use_relu, calculate_per_token_loss=per_token)
+            loss = (sparse_indexer_loss_tilelang(*leaves, indices, scores, query, key, **kwargs) if tilelang
+                    else sparse_indexer_loss(*leaves, indices, query, key, **kwargs))
+            loss.backward()
+            results.append((indices, loss.detach(), *(leaf.grad for leaf in leaves)))
+        assert float(results[0][1]) > 1e-2, "a vanishing loss would compare nothing"
+        assert_same_loss_path(results[0], results[1])
+    assert calls == {"target": 4, "kl": 4, "indexer backward": 4}, calls  # per sequence, twice
