@@ -251,32 +251,49 @@ def _plot_train_step(rows: list[dict[str, Any]], title: str, path: Path) -> None
     _save(fig, title, path)
 
 
-# The Megatron milestones that end each phase before the first step (the first one logged of each tuple counts).
+# The marks that end each phase before the first step, in order: the launcher's and rank 0's startup marks
+# (nam56r.training.startup_marks) and Megatron's milestones (the first one logged of each tuple counts).
 PHASES = (
-    ("launch, imports, initialize_megatron", ("after megatron is initialized",)),
+    ("launcher, torchrun start", ("rank 0 process started",)),
+    ("rank 0 imports", ("rank 0 imported torch, Megatron and NAM56R's modules",)),
+    ("launch gate wait", ("rank 0 passed the launch gate",)),
+    ("initialize_megatron", ("after megatron is initialized",)),
     ("model, optimizer, data loaders built",
      ("after dataloaders are built", "after model, optimizer, and learning rate scheduler are built")),
+    ("first forward (kernels compiled or loaded)", ("first micro-batch: forward returned (host; its kernels compiled or loaded)",)),
 )
 FIRST_STEP_PHASE = "first step (compiles, autotuning, step)"
+REST_OF_STEP_PHASE = "rest of the first step"
 WHOLE_PHASE = "launch to first step (no milestones logged)"
-PHASE_COLORS = dict(zip([phase for phase, _ in PHASES] + [FIRST_STEP_PHASE, WHOLE_PHASE],
-                        ("#90a4ae", "#4db6ac", BAR, "#7e57c2"), strict=True))
+_PHASE_PALETTE = ("#b0bec5", "#78909c", "#cfd8dc", "#90a4ae", "#4db6ac", "#26a69a")
+PHASE_COLORS = {phase: color for (phase, _), color in zip(PHASES, _PHASE_PALETTE, strict=True)} | {
+    FIRST_STEP_PHASE: BAR, REST_OF_STEP_PHASE: BAR, WHOLE_PHASE: "#7e57c2"}
 
 
 def first_step_segments(row: dict[str, Any]) -> list[tuple[str, float]]:
     """Where a compile-tax row's seconds to the first step go, as (phase, seconds) summing to its total: from the
-    launch to each Megatron milestone logged, then to the first step. [] when the run reached no step."""
+    launch to each phase's end that was marked, then to the first step. A segment that spans phases whose ends
+    were not marked is named by all of them ("a + b"). [] when the run reached no step."""
     if row.get("time_ms") is None:
         return []
     total = row["time_ms"] / 1e3
-    milestones = (row.get("extra") or {}).get("milestones_s") or {}
-    segments, start = [], 0.0
+    extra = row.get("extra") or {}
+    marks = {**(extra.get("milestones_s") or {}), **(extra.get("startup_s") or {})}
+    segments, start, spanned = [], 0.0, []
     for phase, keys in PHASES:
-        at = next((milestones[key] for key in keys if key in milestones), None)
+        spanned.append(phase)
+        at = next((marks[key] for key in keys if key in marks), None)
         if at is not None and start <= at <= total:
-            segments.append((phase, at - start))
-            start = at
-    return segments + [(FIRST_STEP_PHASE if segments else WHOLE_PHASE, total - start)]
+            segments.append((" + ".join(spanned), at - start))
+            start, spanned = at, []
+    if not segments:
+        return [(WHOLE_PHASE, total)]
+    return segments + [(REST_OF_STEP_PHASE if not spanned else FIRST_STEP_PHASE, total - start)]
+
+
+def phase_color(segment: str) -> str:
+    """A segment's colour: its last phase's."""
+    return PHASE_COLORS[segment.rsplit(" + ", 1)[-1]]
 
 
 def _plot_compile_tax(rows: list[dict[str, Any]], title: str, path: Path) -> None:
@@ -293,7 +310,7 @@ def _plot_compile_tax(rows: list[dict[str, Any]], title: str, path: Path) -> Non
             continue
         left = 0.0
         for phase, seconds in segments:
-            ax.barh(y, seconds, left=left, color=PHASE_COLORS[phase], label=None if phase in labelled else phase)
+            ax.barh(y, seconds, left=left, color=phase_color(phase), label=None if phase in labelled else phase)
             labelled.add(phase)
             if seconds > 0.04 * xmax:
                 ax.text(left + seconds / 2, y, f"{seconds:.0f} s", va="center", ha="center", fontsize=8, color="white")

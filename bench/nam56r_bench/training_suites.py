@@ -32,6 +32,8 @@ from pathlib import Path
 
 from nam56r.training.run_dir import RunDir
 from nam56r.training.runlog import headline
+from nam56r.training.startup_marks import MARK as STARTUP_MARK
+from nam56r.training.startup_marks import STARTUP_T0_ENV, read_marks
 from nam56r_bench.harness import BenchError, Context, Row, cuda_time_ms, require_gpu
 from nam56r_bench.profile_trace import profile_breakdown
 
@@ -75,17 +77,23 @@ def train_command(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, op
 def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: tuple[str, ...] = (), extra: tuple[str, ...] = (),
           env: dict | None = None) -> dict:
     """Run the users' training command (`train_command`); returns exit code, wall seconds, seconds to the first
-    logged step, the run's summary.json (when it finished) and the log tail."""
+    logged step, Megatron's milestones and the launcher's and rank 0's startup marks (`nam56r.training.startup_marks`,
+    on this function's clock), the run's summary.json (when it finished) and the log tail."""
     command = train_command(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=extra)
     print(f"[train] {' '.join(command)}", flush=True)
     start = time.perf_counter()
     first_step_s = None
     milestones: dict[str, float] = {}
+    startup_lines: list[str] = []
     tail: list[str] = []
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+    clock = {STARTUP_T0_ENV: repr(time.time())}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {}), **clock})
     assert proc.stdout is not None
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-40:]
+        if first_step_s is None and STARTUP_MARK.search(line):
+            startup_lines.append(line)
         if (milestone := MILESTONE.search(line)) and milestone["what"] not in milestones:
             milestones[milestone["what"]] = round(time.perf_counter() - start, 1)
         if first_step_s is None and FIRST_STEP.search(line):
@@ -95,7 +103,7 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
     summary_file = RunDir(run_dir).summary
     summary = json.loads(summary_file.read_text()) if code == 0 and summary_file.exists() else None
     return {"exit": code, "wall_s": time.perf_counter() - start, "first_step_s": first_step_s, "milestones_s": milestones,
-            "summary": summary, "tail": tail}
+            "startup_s": read_marks(startup_lines), "summary": summary, "tail": tail}
 
 
 # The launcher's --recompute settings `--recompute each` runs: none, each family alone, all of them.
@@ -132,7 +140,7 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
     result = train(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=profile if profiled else ())
     case = f"{recipe} 1 GPU" + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
     extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"],
-             "milestones_s": result["milestones_s"], **run_settings(run_dir)}
+             "milestones_s": result["milestones_s"], "startup_s": result["startup_s"], **run_settings(run_dir)}
     summary = result["summary"]
     if summary is None:
         return Row(case, "patched", extra={**extra, "error": "\n".join(result["tail"][-15:])})
@@ -281,5 +289,6 @@ def compile_tax(ctx: Context) -> list[Row]:
             result = train("proxy", Path(tmp) / variant.replace(" ", "-"), mbs=None, steps=2, env=caches)
             seconds = result["first_step_s"]
             rows.append(Row("proxy time to first step", variant, time_ms=None if seconds is None else seconds * 1e3,
-                            extra={"exit": result["exit"], "wall_s": result["wall_s"], "milestones_s": result["milestones_s"]}))
+                            extra={"exit": result["exit"], "wall_s": result["wall_s"], "milestones_s": result["milestones_s"],
+                                   "startup_s": result["startup_s"]}))
     return rows

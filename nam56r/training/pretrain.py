@@ -36,6 +36,7 @@ from nam56r.training.run_faults import (
     nonfinite_loss_message,
     planted_nonfinite,
 )
+from nam56r.training.startup_marks import mark, process_started
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
@@ -142,7 +143,9 @@ def forward_step(data_iterator, model, *, phase_switch: PhaseSwitch | None = Non
         recall = recall_probe.begin_micro_batch(model, context.step)
     device = next(model.parameters()).device
     batch = batch_to(next(data_iterator), device)
+    mark("first micro-batch: forward begins", once=True)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"], loss_mask=batch["loss_mask"])
+    mark("first micro-batch: forward returned (host; its kernels compiled or loaded)", once=True)
     return output, partial(loss_func, batch["loss_mask"], context=context, recall=recall)
 
 
@@ -210,7 +213,11 @@ def main() -> None:
     from megatron.training.arguments import parse_and_validate_args
 
     # The imports above are most of a rank's start-up; the launcher's checks ran alongside them.
+    if (started := process_started()) is not None:
+        mark("rank 0 process started", at=started)
+    mark("rank 0 imported torch, Megatron and NAM56R's modules")
     waited_s = wait_for_launch()
+    mark("rank 0 passed the launch gate")
     args = parse_and_validate_args(extra_args_provider=add_nam56r_args)
     if waited_s is not None:
         print_rank_0(f"launch gate: opened by the launcher after this rank's imports (waited {waited_s:.1f} s)")

@@ -54,6 +54,7 @@ from nam56r.training.phases import DsaPhases
 from nam56r.training.recall_probe import RecallSchedule
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
 from nam56r.training.run_dir import RunDir
+from nam56r.training.startup_marks import mark, start_clock
 from nam56r.training.train_args import parse_args
 
 ROOT = CHECKOUT_ROOT
@@ -213,6 +214,7 @@ def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    start_clock()  # the run's time zero for the startup marks, before anything else the launcher does
     args, extra = parse_args(argv, __doc__)
     if args.verbose:  # for this process, before it imports Megatron; `launch_env` passes it to torchrun's ranks
         os.environ[VERBOSE_ENV] = "1"
@@ -313,11 +315,14 @@ def _prepare(megatron_argv: list[str], recipe: Recipe, model, backend_problem: s
     config)."""
     if problems := recipe.kernel_problems():
         raise RecipeError(recipe.name, problems)
+    mark("launcher: kernel shapes checked")
     if data.ready:
         print(f"data checked: {check_data_or_refuse(data, model.vocab_size)}")
+        mark("launcher: data checked")
     report = _checks(megatron_argv, recipe, model, backend_problem, dry_run=False)
     if report.failures:
         raise TrainError("preflight failed; fix the checks above (the command is printed for reference)")
+    mark("launcher: flags validated by Megatron, preflight passed")
     _ensure_data(data, model.vocab_size)
     _write_run_files(run_paths, model, recipe, shell_line(env, cmd))
 
@@ -328,6 +333,7 @@ def _launch(cmd: list[str], env: dict[str, str], run_paths: RunPaths, prepare, *
     is raised."""
     gate = LaunchGate.fresh(run_paths.layout.launch_gate(node_rank))
     proc = subprocess.Popen(cmd, env={**os.environ, **env, **gate.env()}, cwd=ROOT)
+    mark("launcher: torchrun started")
     try:
         prepare()
     except BaseException as exc:
@@ -335,6 +341,7 @@ def _launch(cmd: list[str], env: dict[str, str], run_paths: RunPaths, prepare, *
         proc.wait()
         raise
     gate.open()
+    mark("launcher: launch gate opened")
     code = proc.wait()
     if code == 0 and node_rank == 0:
         summarize()

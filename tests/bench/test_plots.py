@@ -14,10 +14,12 @@ from nam56r_bench.plots import (
     ORIGINAL_LABEL,
     ORIGINAL_TFLOPS,
     PHASES,
+    REST_OF_STEP_PHASE,
     WHOLE_PHASE,
     first_step_segments,
     kernel_shares,
     microbatch_bars,
+    phase_color,
     render,
     short_kernel_name,
     step_bars,
@@ -128,14 +130,31 @@ def test_short_kernel_names_drop_void_and_namespaces_and_cut_at_50() -> None:
     assert short_kernel_name("mamba_mimo_bwd_bwd_kernel_kernel") == "mamba_mimo_bwd_bwd_kernel_kernel"
 
 
+UP_TO_INITIALIZED = " + ".join(phase for phase, _ in PHASES[:4])  # launch to the end of initialize_megatron
+
+
 def test_compile_tax_segments_split_the_first_step_time_at_megatrons_milestones() -> None:
     cold, warm = _committed("compile-tax")["rows"]
-    setup, built = (phase for phase, _ in PHASES)
-    assert [phase for phase, _ in first_step_segments(cold)] == [setup, built, FIRST_STEP_PHASE]
+    built = PHASES[4][0]
+    assert [phase for phase, _ in first_step_segments(cold)] == [UP_TO_INITIALIZED, built, FIRST_STEP_PHASE]
     assert [round(s, 2) for _, s in first_step_segments(cold)] == [48.7, 2.5, 204.21]
     assert [round(s, 2) for _, s in first_step_segments(warm)] == [54.8, 2.2, 13.86]
     for row in (cold, warm):
         assert sum(s for _, s in first_step_segments(row)) == pytest.approx(row["time_ms"] / 1e3)
+
+
+def test_compile_tax_segments_split_at_the_startup_marks_too() -> None:
+    """A row with the launcher's and rank 0's startup marks: every phase its own segment, the first step split at
+    its first forward; the colours follow the phases."""
+    startup = {"rank 0 process started": 1.5, "rank 0 imported torch, Megatron and NAM56R's modules": 14.0,
+               "rank 0 passed the launch gate": 15.0, "first micro-batch: forward returned (host; its kernels compiled or loaded)": 30.0}
+    milestones = {"after megatron is initialized": 19.0, "after model, optimizer, and learning rate scheduler are built": 21.0}
+    row = {"time_ms": 33_000.0, "extra": {"milestones_s": milestones, "startup_s": startup}}
+    segments = first_step_segments(row)
+    assert segments == [(phase, seconds) for (phase, _), seconds in zip(PHASES, (1.5, 12.5, 1.0, 4.0, 2.0, 9.0), strict=True)] + [
+        (REST_OF_STEP_PHASE, 3.0)]
+    assert len({phase_color(phase) for phase, _ in segments[:-1]}) == len(PHASES)
+    assert phase_color(UP_TO_INITIALIZED) == phase_color(PHASES[3][0])
 
 
 def test_compile_tax_segments_without_milestones_or_without_a_step() -> None:
@@ -143,7 +162,7 @@ def test_compile_tax_segments_without_milestones_or_without_a_step() -> None:
     assert first_step_segments({"time_ms": None, "extra": {"exit": 3, "milestones_s": {"after megatron is initialized": 5.0}}}) == []
     late = {"time_ms": 10_000.0, "extra": {"milestones_s": {"after megatron is initialized": 4.0, "after dataloaders are built": 12.0}}}
     # a milestone logged after the first step is not a phase before it
-    assert first_step_segments(late) == [(PHASES[0][0], 4.0), (FIRST_STEP_PHASE, 6.0)]
+    assert first_step_segments(late) == [(UP_TO_INITIALIZED, 4.0), (FIRST_STEP_PHASE, 6.0)]
 
 
 def test_microbatch_bars_annotate_the_largest_fitting_try_and_the_first_failure() -> None:

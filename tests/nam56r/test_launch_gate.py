@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nam56r.training.launch_gate import GATE_ENV, GATE_STOPPED_EXIT, LAUNCHER_PID_ENV, GateStopped, LaunchGate, wait_for_launch
+from nam56r.training.startup_marks import STARTUP_T0_ENV, read_marks
 
 RANK = "from nam56r.training.launch_gate import wait_for_launch; print('waited', wait_for_launch(poll_s=0.02), flush=True)"
 
@@ -24,7 +25,7 @@ def _rank(env: dict[str, str]) -> subprocess.Popen:
 def _base_env() -> dict[str, str]:
     import os
 
-    return {k: v for k, v in os.environ.items() if k not in (GATE_ENV, LAUNCHER_PID_ENV)}
+    return {k: v for k, v in os.environ.items() if k not in (GATE_ENV, LAUNCHER_PID_ENV, STARTUP_T0_ENV)}
 
 
 def test_without_a_gate_a_rank_does_not_wait() -> None:
@@ -105,6 +106,15 @@ def test_the_launcher_starts_real_ranks_and_its_failed_preflight_stops_them_at_t
     assert "using world size" not in output  # Megatron never parsed its arguments
     assert (run_dir / "launch-node0.gate").read_text().startswith("stop\n")
     assert not (run_dir / "model_config.json").exists()
+    # The startup marks, launcher's and rank 0's, on the launcher's clock: torchrun starts before the checks.
+    marks = read_marks(proc.stdout.splitlines())
+    imported = "rank 0 imported torch, Megatron and NAM56R's modules"
+    launcher = ("launcher: torchrun started", "launcher: kernel shapes checked", "launcher: data checked")
+    for what in (*launcher, "rank 0 process started", imported):
+        assert what in marks, (what, marks)
+    assert marks["launcher: torchrun started"] <= marks["rank 0 process started"] <= marks[imported]
+    assert marks["launcher: torchrun started"] < marks["launcher: kernel shapes checked"] < marks["launcher: data checked"]
+    assert "launcher: launch gate opened" not in marks and "rank 0 passed the launch gate" not in marks
 
 
 def test_a_kernel_shape_the_recipe_refuses_stops_the_ranks_at_the_gate(tmp_path: Path, small_data: Path) -> None:
