@@ -11,7 +11,7 @@ from pathlib import Path
 from nam56r_bench.harness import ROOT, BenchError, Context, stamp, write_suite
 from nam56r_bench.plots import render
 from nam56r_bench.suites import SUITES
-from nam56r_bench.training_suites import RECIPES, RECOMPUTE_SETTINGS
+from nam56r_bench.training_suites import LINEAR_CE_PATHS, RECIPES, RECOMPUTE_SETTINGS
 
 DEFAULT_OUT = ROOT / "docs" / "bench"
 
@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="a launcher --recompute setting (none, all, or families joined by commas: mamba,moe,attention) "
                              "the train-step and microbatch suites run, on the default CE path; repeat for several, or "
                              f"`each` for {', '.join(RECOMPUTE_SETTINGS)} (default: the recipes' own, no recompute)")
+    parser.add_argument("--linear-ce", action="append", choices=LINEAR_CE_PATHS, dest="linear_ce", default=[],
+                        help="a launcher --linear-ce path (the LM head's and MTP heads' loss) the train-step and microbatch suites "
+                             "run; repeat for several (default: microbatch compares every one, train-step runs the recipe's)")
     parser.add_argument("--cache", type=Path, help="the artifact cache the tooling suite fills and builds from "
                         "(default: the patch lane's, ~/.cache/nam56r-patchlane/artifacts)")
     return parser
@@ -109,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [s for s in chosen if not s.needs_gpu]
     host = stamp()
     ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)), cache=args.cache,
-                  micro_batches=tuple(dict.fromkeys(args.micro_batches)), recompute=tuple(dict.fromkeys(args.recompute)))
+                  micro_batches=tuple(dict.fromkeys(args.micro_batches)), recompute=tuple(dict.fromkeys(args.recompute)),
+                  linear_ce=tuple(dict.fromkeys(args.linear_ce)))
     failed = []
     for suite in chosen:
         print(f"== {suite.name}: {suite.summary}", flush=True)

@@ -43,6 +43,7 @@ class Context:
     cache: Path | None = None  # the tooling suite's artifact cache; None = the patch lane's default
     micro_batches: tuple[int, ...] = ()  # the train-step suite's micro-batch sizes; () = each recipe's own
     recompute: tuple[str, ...] = ()  # the training suites' --recompute settings ("each": all of RECOMPUTE_SETTINGS); () = the recipe's
+    linear_ce: tuple[str, ...] = ()  # the training suites' --linear-ce paths; () = microbatch: every one, train-step: the recipe's
 
 
 @dataclass(frozen=True)

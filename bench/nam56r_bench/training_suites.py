@@ -123,22 +123,25 @@ def train_step(ctx: Context) -> list[Row]:
     steps = 12 if ctx.quick else 25
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-train-") as tmp:
         for recipe in models(ctx):
-            for setting in recompute_settings(ctx) or (None,):
-                for mbs in ctx.micro_batches or (None,):
-                    run_dir = Path(tmp) / f"{recipe}-recompute-{(setting or 'recipe').replace(',', '-')}-mbs{mbs or 'recipe'}"
-                    rows.append(_train_step_row(recipe, mbs, run_dir, steps, peak, ctx, recompute=setting))
+            for linear_ce in ctx.linear_ce or (None,):
+                for setting in recompute_settings(ctx) or (None,):
+                    for mbs in ctx.micro_batches or (None,):
+                        recompute_name = (setting or "recipe").replace(",", "-")
+                        run_dir = Path(tmp) / f"{recipe}-ce-{linear_ce or 'recipe'}-recompute-{recompute_name}-mbs{mbs or 'recipe'}"
+                        rows.append(_train_step_row(recipe, mbs, run_dir, steps, peak, ctx, recompute=setting, linear_ce=linear_ce))
     return rows
 
 
 def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, peak: float, ctx: Context,
-                    recompute: str | None = None) -> Row:
+                    recompute: str | None = None, linear_ce: str | None = None) -> Row:
     """One train-step row: a run of `steps` at micro-batch `mbs` (None: the recipe's) with the launcher's `--recompute`
-    setting (None: the recipe's), profiled for the proxy."""
+    setting and `--linear-ce` path (None: the recipe's), profiled for the proxy."""
     profiled = recipe == "proxy" and not ctx.quick
     profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
-    options = ("--recompute", recompute) if recompute else ()
+    options = (("--recompute", recompute) if recompute else ()) + (("--linear-ce", linear_ce) if linear_ce else ())
     result = train(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=profile if profiled else ())
-    case = f"{recipe} 1 GPU" + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
+    case = (f"{recipe} 1 GPU" + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
+            + (f" linear-ce {linear_ce}" if linear_ce else ""))
     extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"],
              "milestones_s": result["milestones_s"], "startup_s": result["startup_s"], **run_settings(run_dir)}
     summary = result["summary"]
@@ -172,19 +175,24 @@ def run_settings(run_dir: Path) -> dict:
 
 # The LM head's and MTP heads' loss paths the microbatch suite compares in one build (the launcher's --linear-ce,
 # each named): Liger through Megatron patches 0007/0008, our chunked linear CE (the recipes' default), upstream's
-# logits + CE.
+# logits + CE. Megatron patch 0002 (per-head index scores) is not among the memory paths: with the TileLang DSA
+# backend and the sparse indexer loss (every recipe's) the indexer never calls the `_compute_index_scores` it patches.
 CE_PATHS = {
     "Liger fused linear CE (patches 0007/0008)": ("--linear-ce", "liger"),
     "chunked linear CE (nam56r_kernels, patch 0016)": ("--linear-ce", "chunked"),
     "upstream CE (logits + fp32 CE)": ("--linear-ce", "logits"),
 }
+LINEAR_CE_PATHS = tuple(options[1] for options in CE_PATHS.values())
 
 
 def microbatch_variants(ctx: Context) -> dict[str, tuple[str, ...]]:
-    """What the microbatch suite compares: the CE paths, or with `--recompute` the recompute settings named."""
+    """What the microbatch suite compares: the CE paths (those named with `--linear-ce`, else every one), or with
+    `--recompute` the recompute settings named, on the named CE path (else the recipe's)."""
+    ce_paths = {label: options for label, options in CE_PATHS.items() if not ctx.linear_ce or options[1] in ctx.linear_ce}
     if settings := recompute_settings(ctx):
-        return {f"recompute {setting}": ("--recompute", setting) for setting in settings}
-    return CE_PATHS
+        on_ce = [(f", {label}", options) for label, options in ce_paths.items()] if ctx.linear_ce else [("", ())]
+        return {f"recompute {setting}{suffix}": ("--recompute", setting, *ce) for setting in settings for suffix, ce in on_ce}
+    return ce_paths
 
 
 def microbatch(ctx: Context) -> list[Row]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import get_args
 
 from nam56r.model.config import DSA_INDEXER_PATHS
 from nam56r.model.presets import PRESETS
-from nam56r.training.recipe import RECIPES, Recompute
+from nam56r.training.recipe import RECIPES, LinearCE, Recompute
 
 
 def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Namespace, list[str]]:
@@ -55,7 +56,7 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                             "computed in torch (fused) or by Megatron's TileLang loss kernels (fused-tilelang-loss); "
                             "nam56r.model.dsa_fused_indexer")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
-    shape.add_argument("--linear-ce", choices=("liger", "chunked", "logits"),
+    shape.add_argument("--linear-ce", choices=get_args(LinearCE),
                        help="LM head and MTP heads: our chunked linear cross-entropy through Megatron patch 0016 (chunked, "
                             "the recipes' default; nam56r.model.linear_cross_entropy), Liger's fused linear cross-entropy "
                             "through patches 0007/0008 (liger), or upstream's logits + cross-entropy (logits)")

@@ -13,6 +13,7 @@ from nam56r_bench.harness import BenchError, Context
 from nam56r_bench.profile_trace import TRACE_GLOB, profile_breakdown
 from nam56r_bench.training_suites import (
     CE_PATHS,
+    LINEAR_CE_PATHS,
     RECOMPUTE_SETTINGS,
     _attempt,
     describe_attempt,
@@ -226,6 +227,26 @@ def test_recompute_settings_run_through_the_launchers_option(tmp_path: Path, meg
         out = capsys.readouterr().out
         assert f"recompute {setting}" in out
         assert (f"--recompute-modules {' '.join(modules)} " in out) if modules else "--recompute-modules" not in out
+
+
+def test_the_ce_paths_a_suite_runs_are_those_named(tmp_path: Path, megatron_built) -> None:
+    """`--linear-ce PATH` (repeatable) picks the CE paths: the microbatch suite's subset of CE_PATHS (so a long comparison
+    can run in parts), each recompute setting on each named path; the bench parser takes exactly the launcher's paths."""
+    from typing import get_args
+
+    from nam56r_bench.cli import _parser
+
+    from nam56r.training.recipe import LinearCE
+
+    assert sorted(LINEAR_CE_PATHS) == sorted(get_args(LinearCE))
+    assert _parser().parse_args(["--linear-ce", "logits", "--linear-ce", "chunked"]).linear_ce == ["logits", "chunked"]
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--linear-ce", "cce"])
+    picked = microbatch_variants(Context(tmp_path, quick=False, linear_ce=("logits",)))
+    assert picked == {"upstream CE (logits + fp32 CE)": ("--linear-ce", "logits")}
+    both = microbatch_variants(Context(tmp_path, quick=False, recompute=("moe",), linear_ce=("chunked", "logits")))
+    assert list(both.values()) == [("--recompute", "moe", "--linear-ce", "chunked"), ("--recompute", "moe", "--linear-ce", "logits")]
+    assert microbatch_variants(Context(tmp_path, quick=False, recompute=("moe",))) == {"recompute moe": ("--recompute", "moe")}
 
 
 def test_milestones_are_read_from_megatrons_print_datetime_lines(megatron_built) -> None:
