@@ -27,7 +27,8 @@ Cases (each size by the ModelConfig field it is read from):
 - ``moe layer fwd+bwd (N tokens)``: one of NAM56R's MoE layers whole (pre-MLP norm, router with its aux loss,
   Megatron's token dispatcher and permutes, routed experts, shared expert of moe.shared_expert_ffn, residual;
   nam56r.model.model.build_moe_layer on the recipe backend) on N tokens as seq_length x N/seq_length sequences,
-  in training mode: Megatron's per-expert ``SequentialMLP`` vs our grouped experts, same weights.
+  in training mode: Megatron's per-expert ``SequentialMLP`` vs our grouped experts, with Megatron's all-to-all
+  dispatcher and with ours at EP=1 (``MoEConfig.dispatch="fused-permute"``, nam56r.model.moe_dispatch), same weights.
   ``moe layer stages``: each variant's forward split into its stages with CUDA events at module hooks (shared
   expert, router, dispatch+permute, experts, unpermute+combine), and the backward as the rest of the step.
 - ``mamba3 adt``: the data-dependent-A region (mamba.num_heads(hidden_size) heads) at micro-batch 8, eager vs

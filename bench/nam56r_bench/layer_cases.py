@@ -5,7 +5,7 @@ training mode, each path against Megatron's on the same weights (the cases are d
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nam56r_bench.case_measure import measure
 from nam56r_bench.harness import Context, Row
@@ -120,7 +120,12 @@ def _layers_step(layers: list, batch: int, seq: int, begin_pass: Callable[[], No
     return step
 
 
-MOE_LAYER_VARIANTS = {"sequential": "upstream: Megatron local (SequentialMLP experts)", "grouped": "grouped_mm experts"}
+# (routed experts, MoEConfig.dispatch) of each `moe layer` variant, the baseline first.
+MOE_LAYER_VARIANTS = {
+    "upstream: Megatron local (SequentialMLP experts)": ("sequential", "megatron"),
+    "grouped_mm experts": ("grouped", "megatron"),
+    "grouped_mm experts + fused-permute dispatch": ("grouped", "fused-permute"),
+}
 
 
 def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
@@ -134,8 +139,9 @@ def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
     config, backend = get_preset(shapes.preset), resolve_backend("auto")
     case = f"moe layer fwd+bwd ({sweep.moe_tokens} tokens)"
     rows, stage_rows, reference, weights = [], [], None, None
-    for experts, variant in MOE_LAYER_VARIANTS.items():
-        layer = build_moe_layer(config, backend, device="cuda", params_dtype=torch.bfloat16, experts=experts)
+    for variant, (experts, dispatch) in MOE_LAYER_VARIANTS.items():
+        variant_config = replace(config, moe=replace(config.moe, dispatch=dispatch))
+        layer = build_moe_layer(variant_config, backend, device="cuda", params_dtype=torch.bfloat16, experts=experts)
         if weights is None:
             weights = as_trained(layer).state_dict()
         as_trained(layer).load_state_dict(weights)

@@ -163,6 +163,10 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
                extra=extra)
 
 
+# The recipe fields a train-step row names (recipe.json's keys).
+RUN_SETTINGS = ("micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "index_cache", "recompute", "backend")
+
+
 def run_settings(run_dir: Path) -> dict:
     """The settings a row's speed depends on, from the recipe the launcher wrote into the run directory (what
     the run trained with, defaults included); {} when the run wrote none."""
@@ -170,7 +174,7 @@ def run_settings(run_dir: Path) -> dict:
     if not recipe_file.exists():
         return {}
     recipe = json.loads(recipe_file.read_text())
-    return {key: recipe[key] for key in ("micro_batch", "linear_ce", "dsa_indexer", "index_cache", "recompute", "backend") if key in recipe}
+    return {key: recipe[key] for key in RUN_SETTINGS if key in recipe}
 
 
 # The LM head's and MTP heads' loss paths the microbatch suite compares in one build (the launcher's --linear-ce,

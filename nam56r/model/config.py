@@ -16,6 +16,9 @@ Precision = Literal["bf16", "fp8-tensorwise"]
 # How a DSA layer selects its top-k and trains its indexer (DSAConfig.indexer).
 DSAIndexerPath = Literal["megatron", "fused", "fused-tilelang-loss"]
 DSA_INDEXER_PATHS: tuple[str, ...] = get_args(DSAIndexerPath)
+# How a MoE layer's tokens reach its experts (MoEConfig.dispatch).
+MoEDispatch = Literal["megatron", "fused-permute"]
+MOE_DISPATCH_PATHS: tuple[str, ...] = get_args(MoEDispatch)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ class MoEConfig:
     score_function: Literal["sigmoid", "softmax"] = "sigmoid"
     expert_bias: bool = True  # aux-loss-free balancing (DeepSeek-V3)
     aux_loss_coeff: float = 1e-4
+    # How it runs, not what it is: "megatron", Megatron's token dispatcher (all-to-all); "fused-permute", one expert
+    # parallel rank's dispatch without sorts, atomics or host syncs (nam56r.model.moe_dispatch; EP = 1 only).
+    # Megatron's stays the default until `nox -s bench -- kernels` (case "moe layer fwd+bwd") measures it slower.
+    dispatch: MoEDispatch = "megatron"
 
 
 @dataclass(frozen=True)
@@ -186,6 +193,8 @@ class ModelConfig:
                 f"dsa.indexer {self.dsa.indexer!r} trains the indexer with the sparse loss only (the dense one needs gradients at every "
                 "causal key); set dsa.sparse_indexer_loss=True or dsa.indexer='megatron'"
             )
+        if self.moe.dispatch not in MOE_DISPATCH_PATHS:
+            problems.append(f"moe.dispatch {self.moe.dispatch!r} must be one of {', '.join(map(repr, MOE_DISPATCH_PATHS))}")
         if self.full_attention_every < 1:
             problems.append(f"full_attention_every {self.full_attention_every} must be positive")
         if self.index_cache.share_group < 1:

@@ -49,6 +49,7 @@ from nam56r.model.config import ModelConfig
 from nam56r.model.dsa_index_cache import IndexCacheDSAttention
 from nam56r.model.local_layers import DuplicatedLinear, LatentSDPAttention
 from nam56r.model.mamba3_mixer import Mamba3Mixer
+from nam56r.model.moe_dispatch import DispatchMoELayer
 from nam56r.model.moe_experts import GroupedMLPExperts
 
 # The routed experts of a MoE layer: the backend's grouped experts (ours on `local`, TE's on `te`), or
@@ -165,6 +166,8 @@ def moe_layer_spec(config: ModelConfig, backend: Backend, experts: MoEExperts = 
     moe = get_moe_module_spec_for_backend(
         backend=modules.provider, num_experts=config.moe.num_experts, moe_grouped_gemm=modules.grouped_gemm and experts == "grouped"
     )
+    # Megatron's builder: partial(MoELayer, submodules=...); ours is that MoELayer with MoEConfig.dispatch's dispatcher.
+    moe = partial(DispatchMoELayer, *moe.args, **moe.keywords, dispatch=config.moe.dispatch)
     return ModuleSpec(
         module=MoETransformerLayer,
         submodules=TransformerLayerSubmodules(pre_mlp_layernorm=modules.norm, mlp=moe, mlp_bda=get_bias_dropout_add),

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar, Literal, get_args
 
-from nam56r.model.config import DSAIndexerPath, ModelConfig, Precision
+from nam56r.model.config import DSAIndexerPath, ModelConfig, MoEDispatch, Precision
 from nam56r.model.presets import PRESETS, get_preset
 from nam56r.training.phases import DsaPhases
 from nam56r.training.recall_probe import RecallSchedule
@@ -105,6 +105,7 @@ class Recipe:
     # "liger", Liger's fused linear CE (Megatron patches 0007/0008), slower than logits + CE there; "logits",
     # upstream's logits + CE.
     linear_ce: LinearCE = "chunked"
+    moe_dispatch: MoEDispatch = "megatron"  # MoEConfig.dispatch: Megatron's token dispatcher, or ours at EP=1 (fused-permute)
     # DSA: dense indexer warm-up for the first N steps, then sparse (nam56r.model.dsa_warmup)
     dsa_phases: DsaPhases = field(default_factory=DsaPhases)
     # DSA: log one layer's indexer recall against dense attention every N steps (nam56r.training.recall_probe); 0: off
@@ -138,6 +139,7 @@ class Recipe:
             precision=self.precision,
             index_cache=replace(base.index_cache, enabled=self.index_cache),
             dsa=replace(base.dsa, indexer=self.dsa_indexer),
+            moe=replace(base.moe, dispatch=self.moe_dispatch),
             mamba=replace(base.mamba, recompute=self.recompute.mamba),
         ).validate()
 
@@ -166,6 +168,9 @@ class Recipe:
             problems += self.kernel_problems()
         if model.moe.num_experts % self.ep:
             problems.append(f"expert parallel {self.ep} does not divide the {model.moe.num_experts} experts of {self.model}")
+        if self.moe_dispatch == "fused-permute" and self.ep != 1:
+            problems.append(f"moe_dispatch 'fused-permute' dispatches on one expert-parallel rank; ep={self.ep} needs "
+                            "Megatron's all-to-all (--moe-dispatch megatron)")
         per_step = self.micro_batch * max(self.data_parallel, 1)
         if self.global_batch % per_step:
             problems.append(

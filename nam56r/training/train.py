@@ -90,6 +90,7 @@ def recipe_from(args: argparse.Namespace, kernels: bool = True) -> Recipe:
         dsa_indexer=args.dsa_indexer,
         cuda_graphs=on_off[args.cuda_graphs],
         linear_ce=args.linear_ce,
+        moe_dispatch=args.moe_dispatch,
         dsa_phases=phases,
         indexer_recall=recall,
         recompute=args.recompute,

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import get_args
 
-from nam56r.model.config import DSA_INDEXER_PATHS
+from nam56r.model.config import DSA_INDEXER_PATHS, MOE_DISPATCH_PATHS
 from nam56r.model.presets import PRESETS
 from nam56r.training.recipe import RECIPES, LinearCE, Recompute
 
@@ -55,6 +55,10 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                             "(megatron, the default), or the fused Triton top-k with the sparse loss on the selected keys "
                             "computed in torch (fused) or by Megatron's TileLang loss kernels (fused-tilelang-loss); "
                             "nam56r.model.dsa_fused_indexer")
+    shape.add_argument("--moe-dispatch", choices=MOE_DISPATCH_PATHS,
+                       help="how MoE layers dispatch tokens to their experts: Megatron's all-to-all dispatcher (megatron, the "
+                            "default) or, at expert parallel 1, one pass per token without sorts, atomics or host syncs "
+                            "(fused-permute; nam56r.model.moe_dispatch)")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
     shape.add_argument("--linear-ce", choices=get_args(LinearCE),
                        help="LM head and MTP heads: our chunked linear cross-entropy through Megatron patch 0016 (chunked, "

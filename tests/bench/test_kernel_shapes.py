@@ -171,7 +171,11 @@ def test_the_moe_layer_cases_compare_megatrons_sequential_experts_with_ours(mega
     from nam56r_bench.kernel_suite import CASES
     from nam56r_bench.layer_cases import MOE_LAYER_VARIANTS, moe_layer_cases
 
+    from nam56r.model.config import MOE_DISPATCH_PATHS
     from nam56r.model.specs import MOE_EXPERTS
 
-    assert set(MOE_LAYER_VARIANTS) == set(MOE_EXPERTS) and moe_layer_cases in CASES
-    assert [v.startswith(BASELINE_PREFIXES) for v in MOE_LAYER_VARIANTS.values()] == [True, False]  # the first is the baseline
+    assert moe_layer_cases in CASES
+    assert {experts for experts, _ in MOE_LAYER_VARIANTS.values()} == set(MOE_EXPERTS)
+    assert {dispatch for _, dispatch in MOE_LAYER_VARIANTS.values()} == set(MOE_DISPATCH_PATHS)
+    assert [v.startswith(BASELINE_PREFIXES) for v in MOE_LAYER_VARIANTS] == [True, False, False]  # the first is the baseline
+    assert MOE_LAYER_VARIANTS[next(iter(MOE_LAYER_VARIANTS))] == ("sequential", "megatron")  # Megatron's layer as it ships

@@ -1,7 +1,8 @@
 """nam56r.model.model.build_moe_layer: one of NAM56R's MoE layers whole (norm, router, dispatcher, experts, shared
-expert) with Megatron's SequentialMLP experts and with our GroupedMLPExperts, built on CPU from the model's spec at
-nam56r-tiny's widths: the same parameters, and with the same weights the same output and gradients in fp32. The
-kernels bench's `moe layer` case times these two layers at the nam56r preset on a GPU."""
+expert) with Megatron's SequentialMLP experts and with our GroupedMLPExperts, and with our fused-permute dispatcher
+(`MoEConfig.dispatch`), built on CPU from the model's spec at nam56r-tiny's widths: the same parameters, and with
+the same weights the same output and gradients in fp32. The kernels bench's `moe layer` case times these layers
+at the nam56r preset on a GPU."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def test_the_baseline_is_megatrons_sequential_mlp_and_ours_the_grouped_experts(l
     config, sequential, grouped = layers
     assert type(sequential.mlp.experts) is SequentialMLP and type(grouped.mlp.experts) is GroupedMLPExperts
     for layer in (sequential, grouped):
-        assert type(layer.mlp) is MoELayer and isinstance(layer.mlp.shared_experts, SharedExpertMLP)
+        assert isinstance(layer.mlp, MoELayer) and layer.mlp.dispatch_path == "megatron"
+        assert isinstance(layer.mlp.shared_experts, SharedExpertMLP)
         assert layer.layer_number == layout_of(config).layer_numbers(LayerKind.MOE)[0]
         assert len(layer.mlp.experts.local_experts) == config.moe.num_experts
         assert layer.mlp.router.topk == config.moe.topk
@@ -92,3 +94,64 @@ def test_the_bench_step_runs_both_layers_to_the_same_result(layers) -> None:
         with cuda_buffers_on("cpu"):
             results.append(_layers_step([layer], TOKENS[1], TOKENS[0])())
     torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
+
+
+FUSED_DISPATCH_SCRIPT = """
+from dataclasses import replace
+import torch
+from nam56r.model.model import build_moe_layer
+from nam56r.model.moe_dispatch import FusedPermuteDispatcher
+from nam56r.model.presets import get_preset
+from tests.nam56r.test_moe_layer import TOKENS, step
+
+config = get_preset("nam56r-tiny")
+fused_config = replace(config, moe=replace(config.moe, dispatch="fused-permute"))
+torch.manual_seed(0)
+megatron = build_moe_layer(config, "local", experts="sequential")
+results = {}
+for experts in ("grouped", "sequential"):
+    fused = build_moe_layer(fused_config, "local", experts=experts)
+    assert type(fused.mlp.token_dispatcher) is FusedPermuteDispatcher and fused.mlp.dispatch_path == "fused-permute"
+    fused.load_state_dict(megatron.state_dict(), strict=True)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(*TOKENS, config.hidden_size, generator=g)
+    grad_out = torch.randn(*TOKENS, config.hidden_size, generator=g)
+    want, got = step(megatron, x, grad_out), step(fused, x, grad_out)
+    for name, a, b in (("output", got[0], want[0]), ("input grad", got[1], want[1])):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    assert got[2].keys() == want[2].keys()
+    for name, ref in want[2].items():
+        torch.testing.assert_close(got[2][name], ref, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    assert fused.mlp.token_dispatcher.rows is None  # the pass's table is not kept past the combine
+    print("fused dispatch ok", experts)
+"""
+
+
+def test_the_fused_permute_dispatcher_gives_megatrons_layer_output_and_gradients(run_interpreted, megatron_built) -> None:
+    """The same layer with `MoEConfig.dispatch="fused-permute"` (its Triton kernels under the interpreter), with our
+    grouped experts and with Megatron's SequentialMLP, against Megatron's own dispatch and experts: same weights, same
+    output, input gradient and every parameter gradient in fp32."""
+    stdout = run_interpreted(FUSED_DISPATCH_SCRIPT, timeout=600)
+    assert stdout.count("fused dispatch ok") == 2, stdout
+
+
+def test_the_fused_permute_dispatcher_refuses_what_it_does_not_cover(megatron_built) -> None:
+    from dataclasses import replace
+
+    from nam56r.model.model import build_moe_layer, cuda_buffers_on
+    from nam56r.model.moe_dispatch import DispatchMoELayer
+    from nam56r.model.presets import get_preset
+    from nam56r.training.recipe import RecipeError, get_recipe
+
+    config = get_preset("nam56r-tiny")
+    with pytest.raises(ValueError, match="moe.dispatch 'sorted' must be one of 'megatron', 'fused-permute'"):
+        replace(config, moe=replace(config.moe, dispatch="sorted")).validate()
+    layer = build_moe_layer(replace(config, moe=replace(config.moe, dispatch="fused-permute")), "local", experts="grouped")
+    mcfg = layer.mlp.config
+    mcfg.moe_permute_fusion, mcfg.moe_expert_capacity_factor = True, 1.5
+    with cuda_buffers_on("cpu"), pytest.raises(ValueError, match=r"does not support moe_expert_capacity_factor=1.5 \(token dropping\); "
+                                                                r"moe_permute_fusion=True"):
+        DispatchMoELayer(mcfg, layer.mlp.submodules, layer_number=layer.layer_number, dispatch="fused-permute")
+    with pytest.raises(RecipeError, match="moe_dispatch 'fused-permute' dispatches on one expert-parallel rank; ep=2"):
+        get_recipe("h200x2-ep2", moe_dispatch="fused-permute", kernels=False)
+    assert get_recipe("proxy-1gpu", moe_dispatch="fused-permute", kernels=False).model_config().moe.dispatch == "fused-permute"

@@ -1,0 +1,169 @@
+"""MoE token permutation without atomics: each token's rows in expert order, gathered and summed by the token.
+
+Why: Megatron's unfused permute (no TransformerEngine) sorts the routing map, `index_select`s the tokens (its
+backward an atomic `index_add` into the tokens' gradient), and its unpermute `scatter_add`s the expert outputs
+back into the tokens with bf16 atomics, one rounding per add. Here one table says where each (token, expert)
+pair sits in expert order, so both directions of both ops are one pass over the tokens: a token's row is
+copied to its rows, or its rows are summed (in fp32, rounded once) into it. No sort, no atomics, and no host
+sync: the row count is the routing's static top-k x tokens.
+
+Contract:
+
+- ``routing_map``: bool [T, E], exactly ``topk`` True per token (dropless routing).
+- ``expert_rows(routing_map)``: int32 [T, E] row of each selected pair in the permuted order (-1 where not
+  selected) and int64 [E] tokens per expert, on the routing map's device. The order is Megatron's: expert 0's
+  tokens first, each expert's tokens ascending.
+- ``permute_tokens(tokens [T, H], rows)`` -> [N, H], N = number of selected pairs: row ``rows[t, e]`` is token t.
+  Backward: a token's gradient is the sum of its rows' gradients.
+- ``unpermute_tokens(permuted [N, H], rows)`` -> [T, H]: token t is the sum of its rows, accumulated in fp32
+  and returned in the input's dtype. Backward: each row's gradient is its token's.
+- ``permute_probs(probs [T, E], rows, N)`` -> [N]: each selected pair's prob in the permuted order,
+  differentiable (plain torch).
+
+Triton kernels on CUDA tensors, or under Triton's CPU interpreter (the CPU tests); the references are
+``permute_tokens_reference`` / ``unpermute_tokens_reference`` (index_select / index_add). Nothing falls back.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from nam56r_kernels.triton_support import require_cuda_or_interpreter
+
+__all__ = [
+    "expert_rows",
+    "permute_probs",
+    "permute_tokens",
+    "permute_tokens_reference",
+    "unpermute_tokens",
+    "unpermute_tokens_reference",
+]
+
+_BLOCK_H = 1024
+
+
+def expert_rows(routing_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int32 [T, E] row of each selected (token, expert) pair in expert order, -1 elsewhere; int64 [E] tokens per
+    expert), without a host sync."""
+    if routing_map.dim() != 2 or routing_map.dtype != torch.bool:
+        raise ValueError(f"routing_map must be bool [T, E], got {routing_map.dtype} {tuple(routing_map.shape)}")
+    by_expert = routing_map.t().contiguous()  # [E, T]: expert-major, tokens ascending
+    rows = torch.cumsum(by_expert.view(-1), dim=0, dtype=torch.int32) - 1
+    rows = rows.masked_fill_(~by_expert.view(-1), -1).view(by_expert.shape)
+    return rows.t().contiguous(), by_expert.sum(dim=1)
+
+
+def permute_probs(probs: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """[num_rows] probs of the selected pairs in the permuted order (`probs` [T, E]); differentiable in probs."""
+    if probs.shape != rows.shape:
+        raise ValueError(f"probs {tuple(probs.shape)} and rows {tuple(rows.shape)} must both be [T, E]")
+    slots = torch.where(rows >= 0, rows, num_rows).long().view(-1)  # unselected pairs land in a spare slot
+    return probs.new_zeros(num_rows + 1).scatter(0, slots, probs.reshape(-1))[:num_rows]
+
+
+def permute_tokens(tokens: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """[num_rows, H]: row rows[t, e] holds token t (the module docstring's contract)."""
+    _check(tokens, rows, tokens.shape[0], "tokens")
+    return _PermuteTokens.apply(tokens, rows, num_rows)
+
+
+def unpermute_tokens(permuted: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """[T, H]: token t is the fp32 sum of its rows, in permuted's dtype."""
+    _check(permuted, rows, None, "permuted")
+    return _UnpermuteTokens.apply(permuted, rows)
+
+
+def permute_tokens_reference(tokens: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """`permute_tokens` as Megatron computes it: an index_select of the tokens in row order."""
+    token_of_row = torch.empty(num_rows, dtype=torch.long, device=rows.device)
+    selected = rows >= 0
+    token_of_row[rows[selected].long()] = selected.nonzero()[:, 0]
+    return tokens.index_select(0, token_of_row)
+
+
+def unpermute_tokens_reference(permuted: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`unpermute_tokens` in torch: an fp32 index_add of each row into its token."""
+    selected = rows >= 0
+    token_of_pair = selected.nonzero()[:, 0]
+    out = torch.zeros(rows.shape[0], permuted.shape[1], dtype=torch.float32, device=permuted.device)
+    return out.index_add_(0, token_of_pair, permuted[rows[selected].long()].float()).to(permuted.dtype)
+
+
+def _check(x: torch.Tensor, rows: torch.Tensor, tokens: int | None, name: str) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be [rows, H], got {tuple(x.shape)}")
+    if rows.dim() != 2 or rows.dtype != torch.int32 or (tokens is not None and rows.shape[0] != tokens):
+        raise ValueError(f"rows must be int32 [T, E] (expert_rows) for {name} {tuple(x.shape)}, got {rows.dtype} {tuple(rows.shape)}")
+    if rows.device != x.device:
+        raise ValueError(f"rows on {rows.device} and {name} on {x.device} must share a device")
+    require_cuda_or_interpreter(x, "nam56r_kernels.moe_permute", "permute_tokens_reference / unpermute_tokens_reference")
+
+
+def _copy_to_rows(src: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    src = src.contiguous()
+    out = src.new_empty(num_rows, src.shape[1])
+    if src.numel():
+        grid = (src.shape[0], triton.cdiv(src.shape[1], _BLOCK_H))
+        _copy_to_rows_kernel[grid](src, out, rows, src.shape[1], EXPERTS=rows.shape[1], BLOCK_H=_BLOCK_H)
+    return out
+
+
+def _sum_rows(src: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    src = src.contiguous()
+    out = src.new_empty(rows.shape[0], src.shape[1])
+    if out.numel():
+        grid = (rows.shape[0], triton.cdiv(src.shape[1], _BLOCK_H))
+        _sum_rows_kernel[grid](src, out, rows, src.shape[1], EXPERTS=rows.shape[1], BLOCK_H=_BLOCK_H)
+    return out
+
+
+class _PermuteTokens(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tokens, rows, num_rows):
+        ctx.save_for_backward(rows)
+        return _copy_to_rows(tokens, rows, num_rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (rows,) = ctx.saved_tensors
+        return _sum_rows(grad, rows), None, None
+
+
+class _UnpermuteTokens(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, permuted, rows):
+        ctx.save_for_backward(rows)
+        ctx.num_rows = permuted.shape[0]
+        return _sum_rows(permuted, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (rows,) = ctx.saved_tensors
+        return _copy_to_rows(grad, rows, ctx.num_rows), None
+
+
+@triton.jit
+def _copy_to_rows_kernel(src_ptr, out_ptr, rows_ptr, hidden, EXPERTS: tl.constexpr, BLOCK_H: tl.constexpr):
+    token = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    in_row = cols < hidden
+    values = tl.load(src_ptr + token.to(tl.int64) * hidden + cols, mask=in_row)
+    for expert in range(EXPERTS):
+        row = tl.load(rows_ptr + token * EXPERTS + expert)
+        if row >= 0:
+            tl.store(out_ptr + row.to(tl.int64) * hidden + cols, values, mask=in_row)
+
+
+@triton.jit
+def _sum_rows_kernel(src_ptr, out_ptr, rows_ptr, hidden, EXPERTS: tl.constexpr, BLOCK_H: tl.constexpr):
+    token = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    in_row = cols < hidden
+    total = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for expert in range(EXPERTS):
+        row = tl.load(rows_ptr + token * EXPERTS + expert)
+        if row >= 0:
+            total += tl.load(src_ptr + row.to(tl.int64) * hidden + cols, mask=in_row, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token.to(tl.int64) * hidden + cols, total.to(out_ptr.dtype.element_ty), mask=in_row)

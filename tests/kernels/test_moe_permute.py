@@ -1,0 +1,129 @@
+"""nam56r_kernels.moe_permute: the expert-order rows against Megatron's own unfused permute (same order, same
+tokens and probs), the Triton kernels against the references under Triton's CPU interpreter (forward and
+backward, bf16 and fp32, experts with no tokens), and the seam's errors."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from nam56r_kernels.moe_permute import expert_rows, permute_probs, permute_tokens_reference, unpermute_tokens_reference
+
+
+def routing(tokens: int, experts: int, topk: int, seed: int, idle_experts: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dropless routing map (exactly topk experts per token, none of `idle_experts`) and its probs [T, E]."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.rand(tokens, experts, generator=g)
+    scores[:, list(idle_experts)] = -1.0
+    chosen = scores.topk(topk, dim=-1).indices
+    routing_map = torch.zeros(tokens, experts, dtype=torch.bool).scatter_(1, chosen, True)
+    probs = torch.where(routing_map, torch.rand(tokens, experts, generator=g), torch.zeros(()))
+    return routing_map, probs
+
+
+def test_rows_are_megatrons_permutation_order(megatron_built) -> None:
+    from megatron.core.transformer.moe.moe_utils import permute
+
+    routing_map, probs = routing(37, 8, 3, seed=0, idle_experts=(5,))
+    tokens = torch.randn(37, 16, generator=torch.Generator().manual_seed(1))
+    num_rows = 37 * 3
+    want_tokens, want_probs, sorted_indices, _, _ = permute(tokens, routing_map, probs=probs, num_out_tokens=num_rows)
+    rows, per_expert = expert_rows(routing_map)
+    assert rows.dtype == torch.int32 and rows.shape == (37, 8) and per_expert.tolist() == routing_map.sum(0).tolist()
+    assert per_expert[5] == 0 and bool((rows[:, 5] == -1).all())
+    assert sorted(rows[rows >= 0].tolist()) == list(range(num_rows))  # every row exactly once
+    assert torch.equal(permute_tokens_reference(tokens, rows, num_rows), want_tokens)
+    assert torch.equal(permute_probs(probs, rows, num_rows), want_probs)
+
+
+def test_the_references_undo_each_other_and_sum_a_tokens_rows() -> None:
+    routing_map, _ = routing(20, 6, 2, seed=2)
+    rows, _ = expert_rows(routing_map)
+    tokens = torch.randn(20, 8, generator=torch.Generator().manual_seed(3))
+    permuted = permute_tokens_reference(tokens, rows, 40)
+    torch.testing.assert_close(unpermute_tokens_reference(permuted, rows), 2 * tokens)
+
+
+def test_the_probs_gradient_reaches_only_the_selected_pairs() -> None:
+    routing_map, probs = routing(10, 4, 2, seed=4)
+    rows, _ = expert_rows(routing_map)
+    probs.requires_grad_()
+    permute_probs(probs, rows, 20).sum().backward()
+    assert torch.equal(probs.grad, routing_map.float())
+
+
+KERNEL_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from nam56r_kernels.moe_permute import (expert_rows, permute_tokens, permute_tokens_reference, unpermute_tokens,
+                                            unpermute_tokens_reference)
+    from tests.kernels.test_moe_permute import routing
+
+    for dtype in (torch.float32, torch.bfloat16):
+        routing_map, _ = routing(29, 8, 3, seed=5, idle_experts=(2, 6))
+        rows, _ = expert_rows(routing_map)
+        num_rows, hidden = 29 * 3, 1100  # hidden spans two column blocks, the second partial
+        g = torch.Generator().manual_seed(6)
+        tokens = torch.randn(29, hidden, generator=g).to(dtype)
+        grad_rows = torch.randn(num_rows, hidden, generator=g).to(dtype)
+        grad_tokens = torch.randn(29, hidden, generator=g).to(dtype)
+        results = []
+        for permute, unpermute in ((permute_tokens, unpermute_tokens), (permute_tokens_reference, unpermute_tokens_reference)):
+            x = tokens.clone().requires_grad_()
+            permuted = permute(x, rows, num_rows)
+            permuted.backward(grad_rows)
+            y = permuted.detach().clone().requires_grad_()
+            restored = unpermute(y, rows)
+            restored.backward(grad_tokens)
+            results.append((permuted.detach(), x.grad, restored.detach(), y.grad))
+        (p, gx, r, gy), (p_ref, gx_ref, r_ref, gy_ref) = results
+        assert p.dtype == r.dtype == dtype and p.shape == (num_rows, hidden) and r.shape == (29, hidden)
+        assert torch.equal(p, p_ref) and torch.equal(gy, gy_ref)  # copies
+        tol = dict(rtol=0, atol=0) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(gx.float(), gx_ref.float(), **tol)  # fp32 sums of 3 rows
+        torch.testing.assert_close(r.float(), r_ref.float(), **tol)
+        torch.testing.assert_close(r.float(), 3 * tokens.float(), rtol=1e-2, atol=1e-2)
+        print("moe permute ok", dtype)
+    """
+)
+
+
+def test_the_kernels_match_the_references_under_the_triton_interpreter(run_interpreted) -> None:
+    stdout = run_interpreted(KERNEL_SCRIPT, timeout=600)
+    assert stdout.count("moe permute ok") == 2, stdout
+
+
+def test_bad_inputs_raise_naming_the_problem(monkeypatch) -> None:
+    from nam56r_kernels.moe_permute import permute_tokens, unpermute_tokens
+
+    routing_map, probs = routing(6, 4, 2, seed=7)
+    rows, _ = expert_rows(routing_map)
+    with pytest.raises(ValueError, match="routing_map must be bool"):
+        expert_rows(routing_map.int())
+    with pytest.raises(ValueError, match=r"rows must be int32 \[T, E\]"):
+        permute_tokens(torch.randn(5, 8), rows, 12)
+    with pytest.raises(ValueError, match=r"rows must be int32 \[T, E\]"):
+        unpermute_tokens(torch.randn(12, 8), rows.long())
+    with pytest.raises(ValueError, match=r"probs \(6, 3\) and rows \(6, 4\)"):
+        permute_probs(probs[:, :3], rows, 12)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="needs CUDA tensors, got device cpu; use permute_tokens_reference"):
+        permute_tokens(torch.randn(6, 8), rows, 12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the permute kernels run on CUDA only")
+def test_the_kernels_match_the_references_on_gpu_at_nam56rs_moe_shape() -> None:
+    """32768 tokens of hidden 4096, top-4 of 16 experts, bf16: copies exact, sums within one bf16 rounding."""
+    from nam56r_kernels.moe_permute import permute_tokens, unpermute_tokens
+
+    routing_map, _ = routing(32768, 16, 4, seed=8)
+    rows, _ = expert_rows(routing_map.cuda())
+    tokens = torch.randn(32768, 4096, device="cuda").bfloat16()
+    permuted = permute_tokens(tokens, rows, 32768 * 4)
+    assert torch.equal(permuted, permute_tokens_reference(tokens, rows, 32768 * 4))
+    restored = unpermute_tokens(permuted, rows)
+    # fp32 sums of the same 4 rows, the reference's in the order its atomics land: equal up to one bf16 rounding
+    torch.testing.assert_close(restored.float(), unpermute_tokens_reference(permuted, rows).float(), rtol=2**-8, atol=1e-6)
+    print("MOE_PERMUTE_GPU_OK")
