@@ -23,7 +23,6 @@ from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
 from nam56r_kernels.moe_permute import expert_rows, permute_probs, permute_tokens, unpermute_tokens
 
 from nam56r.model.config import MOE_DISPATCH_PATHS, MoEDispatch
-from nam56r.model.moe_experts import GroupedMLPExperts
 
 
 class FusedPermuteDispatcher(MoETokenDispatcher):
@@ -99,7 +98,7 @@ class DispatchMoELayer(MoELayer):
                          name=name)
         self.dispatch_path: MoEDispatch = dispatch
         if dispatch == "fused-permute":
-            if not isinstance(self.experts, (GroupedMLPExperts, SequentialMLP)):
+            if not isinstance(self.experts, SequentialMLP):  # Megatron's loop, or our GroupedMLPExperts built on it
                 raise ValueError(f"MoEConfig.dispatch='fused-permute' hands its experts the token counts on the GPU, which "
                                  f"{type(self.experts).__name__} is not built for; use the local backend's grouped experts or "
                                  "MoEConfig.dispatch='megatron'")
