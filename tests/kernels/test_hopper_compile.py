@@ -1,0 +1,49 @@
+"""Every Triton kernel of nam56r_kernels compiles for Hopper (sm_90) at the dtypes and compile-time sizes NAM56R
+launches it with: Triton's real compiler and ptxas, on a machine without a GPU. The CPU interpreter accepts
+programs the compiler rejects, so this is what fails before a GPU run would."""
+
+from __future__ import annotations
+
+import pytest
+
+HOPPER = ("cuda", 90, 32)
+
+
+def _kernels():
+    from nam56r_kernels import dsa_indexer, linear_cross_entropy, moe_permute
+
+    scores = {"q_ptr": "*bf16", "k_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "sq": "i32", "sk": "i32",
+              **{name: "i64" for name in ("stride_qs", "stride_qb", "stride_qh", "stride_ks", "stride_kb", "stride_ws",
+                                          "stride_wb", "stride_wh", "stride_ob", "stride_os")}}
+    select = {"scores_ptr": "*fp32", "out_scores_ptr": "*fp32", "out_indices_ptr": "*i32", "sk": "i32", "kept": "i32",
+              "stride_row": "i64", "stride_out": "i64"}
+    rows = {"src_ptr": "*bf16", "out_ptr": "*bf16", "rows_ptr": "*i32", "hidden": "i32"}
+    cross_entropy = {"logits_ptr": "*bf16", "labels_ptr": "*i64", "weights_ptr": "*fp32", "loss_ptr": "*fp32",
+                     "predictions_ptr": "*i64", "vocab": "i32", "stride_row": "i64", "ignore_index": "i32"}
+    # (kernel, signature, compile-time values): NAM56R's indexer (32 heads x 64, relu, causal), its select over 4096
+    # keys keeping the top-256 and, in the dense warm-up, all 4096; the MoE permute at hidden 4096 and 16 experts.
+    return {
+        "index scores": (dsa_indexer._index_scores_kernel, scores,
+                         {"HEADS": 32, "DIM": 64, "BLOCK_M": dsa_indexer._SCORE_BLOCK_M, "BLOCK_N": dsa_indexer._SCORE_BLOCK_N,
+                          "USE_RELU": True, "CAUSAL": True, "DOT_PRECISION": "tf32"}),
+        "top-256 select": (dsa_indexer._select_topk_kernel, select, {"ROW": 4096, "KEEP": 256}),
+        "dense warm-up select": (dsa_indexer._select_topk_kernel, select, {"ROW": 4096, "KEEP": 4096}),
+        "cross-entropy rows": (linear_cross_entropy._cross_entropy_rows_kernel, cross_entropy,
+                               {"BLOCK": linear_cross_entropy._ROW_BLOCK}),
+        "moe copy to rows": (moe_permute._copy_to_rows_kernel, rows, {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H}),
+        "moe sum rows": (moe_permute._sum_rows_kernel, rows, {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H}),
+    }
+
+
+@pytest.mark.parametrize("name", ["index scores", "top-256 select", "dense warm-up select", "cross-entropy rows",
+                                  "moe copy to rows", "moe sum rows"])
+def test_the_kernel_compiles_for_hopper(name: str) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel, signature, constants = _kernels()[name]
+    signature = {**signature, **{key: "constexpr" for key in constants}}
+    assert list(signature) == kernel.arg_names, f"{name}: the signature here is out of date with the kernel's arguments"
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants), target=GPUTarget(*HOPPER))
+    assert compiled.asm["cubin"] and ".target sm_90" in compiled.asm["ptx"]
