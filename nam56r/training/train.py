@@ -260,6 +260,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         f"tp={recipe.tp} pp={recipe.pp} ep={recipe.ep} dp={recipe.data_parallel}, mbs={recipe.micro_batch} gbs={recipe.global_batch}, "
         f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}, recompute {recipe.recompute}"
     )
+    print(f"paths: linear-ce {recipe.linear_ce}, dsa-indexer {recipe.dsa_indexer}, index-cache {'on' if recipe.index_cache else 'off'}, "
+          f"moe-dispatch {recipe.moe_dispatch}")
     print(f"DSA phases: {recipe.dsa_phases.describe()}")
     print(f"data: {data.note}")
     print(f"data checked: {checked}")

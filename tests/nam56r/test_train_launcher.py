@@ -103,8 +103,10 @@ def test_linear_ce_picks_the_heads_loss_path(tiny_data, tmp_path):
     assert code == 0, err
     flags = _command_line(out)  # default: chunked
     assert "--fused-linear-cross-entropy" in flags and flags[flags.index("--fused-linear-cross-entropy-impl") + 1] == CHUNKED_LINEAR_CE
-    code, out, err = _run([*base, "--run-dir", str(tmp_path / "liger"), "--linear-ce", "liger"])
+    assert "paths: linear-ce chunked, dsa-indexer megatron, index-cache off, moe-dispatch megatron" in out
+    code, out, err = _run([*base, "--run-dir", str(tmp_path / "liger"), "--linear-ce", "liger", "--moe-dispatch", "fused-permute"])
     assert code == 0, err
+    assert "paths: linear-ce liger, dsa-indexer megatron, index-cache off, moe-dispatch fused-permute" in out
     flags = _command_line(out)
     assert "--fused-linear-cross-entropy" in flags and "--fused-linear-cross-entropy-impl" not in flags
     code, out, err = _run([*base, "--run-dir", str(tmp_path / "logits"), "--linear-ce", "logits"])
