@@ -32,7 +32,7 @@ class DsaLayerRun:
     error_against: str | None
 
 
-def dsa_layer_plan(shapes: KernelShapes, sweep: KernelSweep, backend: str) -> list[DsaLayerRun]:
+def dsa_layer_plan(shapes: KernelShapes, sweep: KernelSweep) -> list[DsaLayerRun]:
     """The `dsa layer` cases: one DSA layer on each indexer path (Megatron's first, the baseline); then one IndexCache
     group of layers (1 Full + share_group - 1 Shared) on each indexer path against the same layers without IndexCache
     on Megatron's indexer (the baseline, which every layer's indexer computes), so that one run says whether IndexCache
@@ -61,13 +61,13 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
 
     backend = resolve_backend("auto")
     rows, results, weights = [], {}, None
-    for run in dsa_layer_plan(shapes, sweep, backend):
+    for run in dsa_layer_plan(shapes, sweep):
         config = dsa_layer_config(shapes.preset, run.indexer, run.index_cache)
         built = build_dsa_layers(config, backend, device="cuda", params_dtype=torch.bfloat16)
         layers = [built.layers[n] for n in sorted(built.layers)[: run.layers]]
         if weights is None or len(weights) < len(layers):
             weights = [as_trained(layer).state_dict() for layer in layers]
-        for layer, state in zip(layers, weights, strict=False):
+        for layer, state in zip(layers, weights[: len(layers)], strict=True):
             as_trained(layer).load_state_dict(state)
             layer.train()
         begin_pass = built.topk_cache.begin_forward if built.topk_cache is not None else None

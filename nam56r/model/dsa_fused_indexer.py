@@ -90,11 +90,6 @@ def select_topk_scored(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, 
         return index_topk_fused(q.detach(), k.detach(), weights.detach(), topk, use_relu=use_relu, causal=True)
 
 
-def select_topk(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk: int, *, use_relu: bool) -> torch.Tensor:
-    """The indices of `select_topk_scored`."""
-    return select_topk_scored(q, k, weights, topk, use_relu=use_relu)[1]
-
-
 def index_scores_at(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, *, use_relu: bool) -> torch.Tensor:
     """fp32 [b, sq, topk]: sum_h weights[i, b, h] * act(q[i, b, h] . k[indices[b, i, t], b]), differentiable
     w.r.t. q, k and weights. Slots with index -1 read key 0; the caller masks them. Computed in fp32, as

@@ -96,7 +96,7 @@ def test_the_dsa_layer_plan_measures_each_path_and_index_cache_against_megatrons
 
     from nam56r.model.config import DSA_INDEXER_PATHS
 
-    runs = dsa_layer_plan(kernel_shapes(), FULL_SWEEP, "local")
+    runs = dsa_layer_plan(kernel_shapes(), FULL_SWEEP)
     single, group = sorted({run.case for run in runs}, key=[run.case for run in runs].index)
     assert single == "dsa layer fwd+bwd seq4096 mb1"
     assert group == "dsa layers fwd+bwd seq4096 mb1, 3 layers, IndexCache 1 Full + 2 Shared"

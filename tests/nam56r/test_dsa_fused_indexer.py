@@ -49,10 +49,10 @@ def megatron_indexer_loss(q, k, weights, query, key, topk: int, *, use_relu: boo
 
 
 def fused_indexer_loss(q, k, weights, query, key, topk: int, *, use_relu: bool, per_token: bool, softmax_scale: float, coeff: float):
-    from nam56r.model.dsa_fused_indexer import select_topk, sparse_indexer_loss
+    from nam56r.model.dsa_fused_indexer import select_topk_scored, sparse_indexer_loss
 
     q, k, weights = (t.clone().requires_grad_() for t in (q, k, weights))
-    indices = select_topk(q, k, weights, topk, use_relu=use_relu)
+    _, indices = select_topk_scored(q, k, weights, topk, use_relu=use_relu)
     loss = sparse_indexer_loss(q, k, weights, indices, query, key, softmax_scale=softmax_scale, loss_coeff=coeff, use_relu=use_relu,
                                calculate_per_token_loss=per_token)
     loss.backward()
