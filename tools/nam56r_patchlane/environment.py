@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import venv
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,11 +244,17 @@ def is_installed(probe_result: Probe, upstream: Upstream, tree_path: Path) -> bo
 
 
 def check_imports(target: Target, modules: list[str], env: dict[str, str] | None = None) -> list[str]:
-    """Import each module in the target; return the failures as 'module: error' lines."""
-    failures = []
-    for module in modules:
-        proc = subprocess.run([target.python, "-c", f"import {module}"], capture_output=True, text=True, env={**os.environ, **(env or {})})
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            failures.append(f"{module}: {last}")
-    return failures
+    """Import each module in the target, each in its own interpreter so one failure cannot hide another; return
+    the failures as 'module: error' lines, in the order of `modules`. The interpreters run side by side: each
+    loads torch, and one after another they take minutes on a fresh GPU node."""
+    run_env = {**os.environ, **(env or {})}
+
+    def failure(module: str) -> str | None:
+        proc = subprocess.run([target.python, "-c", f"import {module}"], capture_output=True, text=True, env=run_env)
+        if proc.returncode == 0:
+            return None
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"{module}: {last}"
+
+    with ThreadPoolExecutor(max_workers=max(1, len(modules))) as pool:
+        return [line for line in pool.map(failure, modules) if line is not None]
