@@ -60,8 +60,8 @@ class DSAConfig:
     # [sq, sk] scores at a time, and compute the sparse indexer loss on the selected pairs only
     # (nam56r.model.dsa_fused_indexer): "fused" in torch, "fused-tilelang-loss" on Megatron's TileLang
     # target, KL and indexer-backward kernels. CUDA tensors only, sparse loss only. The sparse MLA is
-    # Megatron's on every path. Megatron's stays the default until `nox -s bench -- kernels` (case
-    # "dsa layer fwd+bwd") measures a fused layer faster on a GPU.
+    # Megatron's on every path. The model's default is Megatron's; the recipes name the path they train with
+    # (nam56r.training.recipe).
     indexer: DSAIndexerPath = "megatron"
 
 
@@ -71,8 +71,8 @@ class IndexCacheConfig:
 
     DSA layers are numbered in order of depth; ordinals `0, share_group, 2*share_group, ...` are
     "Full" (compute the indexer) and the others are "Shared" (reuse the top-k of the nearest
-    preceding Full layer). Off by default: it is switched on only where `nox -s bench` measures it
-    to help.
+    preceding Full layer). Off in the model's default; the recipes switch it on (nam56r.training.recipe),
+    where `nox -s bench -- kernels` measures an IndexCache group faster than the same layers without it.
     """
 
     enabled: bool = False
@@ -93,7 +93,7 @@ class MoEConfig:
     aux_loss_coeff: float = 1e-4
     # How it runs, not what it is: "megatron", Megatron's token dispatcher (all-to-all); "fused-permute", one expert
     # parallel rank's dispatch without sorts, atomics or host syncs (nam56r.model.moe_dispatch; EP = 1 only).
-    # Megatron's stays the default until `nox -s bench -- kernels` (case "moe layer fwd+bwd") measures it slower.
+    # The model's default is Megatron's; the recipes name the path they train with (nam56r.training.recipe).
     dispatch: MoEDispatch = "megatron"
 
 

@@ -98,14 +98,22 @@ class Recipe:
     # Numerics and kernels
     precision: Precision = "bf16"
     backend: BackendChoice = "auto"
-    index_cache: bool = False
-    dsa_indexer: DSAIndexerPath = "megatron"  # DSAConfig.indexer: Megatron's indexer, or the fused top-k with its loss in torch or TileLang
+    # The kernel paths below are the defaults docs/bench/kernels.json shows winning at NAM56R's shapes, each
+    # measured in the same run as the path it replaces; the others stay available by name.
+    # IndexCache (DSA layers reuse the nearest Full layer's top-k): a 1 Full + 2 Shared group runs faster than
+    # the same 3 layers computing their own top-k, on either indexer path.
+    index_cache: bool = True
+    # DSAConfig.indexer: "fused-tilelang-loss" (the fused top-k; its sparse loss on Megatron's TileLang target, KL
+    # and indexer-backward kernels) is faster than Megatron's own indexer path over a whole DSA layer; "fused"
+    # (the loss in torch) is slower than Megatron's; "megatron" is upstream's.
+    dsa_indexer: DSAIndexerPath = "fused-tilelang-loss"
     # LM head and MTP heads: "chunked", our chunked linear CE (nam56r.model.linear_cross_entropy, through patch
-    # 0016), the default because docs/bench/kernels.json shows it faster than logits + CE with 1.75 GiB extra;
-    # "liger", Liger's fused linear CE (Megatron patches 0007/0008), slower than logits + CE there; "logits",
-    # upstream's logits + CE.
+    # 0016), faster than logits + CE with 1.75 GiB extra; "liger", Liger's fused linear CE (Megatron patches
+    # 0007/0008), slower than logits + CE; "logits", upstream's logits + CE.
     linear_ce: LinearCE = "chunked"
-    moe_dispatch: MoEDispatch = "megatron"  # MoEConfig.dispatch: Megatron's token dispatcher, or ours at EP=1 (fused-permute)
+    # MoEConfig.dispatch: "fused-permute" (nam56r.model.moe_dispatch, one expert-parallel rank only) is faster over
+    # a whole MoE layer than Megatron's token dispatcher, "megatron", which recipes with ep > 1 name.
+    moe_dispatch: MoEDispatch = "fused-permute"
     # DSA: dense indexer warm-up for the first N steps, then sparse (nam56r.model.dsa_warmup)
     dsa_phases: DsaPhases = field(default_factory=DsaPhases)
     # DSA: log one layer's indexer recall against dense attention every N steps (nam56r.training.recall_probe); 0: off
@@ -321,6 +329,7 @@ def h200x2_ep2() -> Recipe:
         global_batch=16,
         steps=300,
         dsa_phases=DsaPhases(dense_warmup_steps=50),
+        moe_dispatch="megatron",  # ep > 1: Megatron's all-to-all
     )
 
 
@@ -335,9 +344,9 @@ def h200x8_bf16() -> Recipe:
         global_batch=64,
         steps=10_000,
         dsa_phases=DsaPhases(dense_warmup_steps=1000),  # the original stack's and DeepSeek-V3.2's 1000 steps
-        index_cache=True,
         save_interval=500,
         eval_interval=500,
+        moe_dispatch="megatron",  # ep > 1: Megatron's all-to-all
     )
 
 
@@ -354,9 +363,9 @@ def h200x8_fp8() -> Recipe:
         dsa_phases=DsaPhases(dense_warmup_steps=1000),
         precision="fp8-tensorwise",
         backend="te",
-        index_cache=True,
         save_interval=500,
         eval_interval=500,
+        moe_dispatch="megatron",  # ep > 1: Megatron's all-to-all
     )
 
 

@@ -277,6 +277,6 @@ def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path
     recipe = get_recipe("proxy-1gpu", micro_batch=8, global_batch=8)
     _write_run_files(RunPaths(tmp_path / "run", None, None), recipe.model_config(), recipe, "cmd")
     settings = run_settings(tmp_path / "run")
-    assert settings["micro_batch"] == 8 and settings["linear_ce"] == recipe.linear_ce and settings["dsa_indexer"] == "megatron"
-    assert settings["moe_dispatch"] == "megatron"
+    assert settings["micro_batch"] == 8 and settings["linear_ce"] == recipe.linear_ce and settings["dsa_indexer"] == "fused-tilelang-loss"
+    assert settings["moe_dispatch"] == "fused-permute" and settings["index_cache"] is True
     assert set(settings) == {"micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "index_cache", "recompute", "backend"}

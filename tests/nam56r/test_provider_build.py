@@ -95,7 +95,7 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, overrides, t
     with contextlib.redirect_stdout(io.StringIO()):
         args = megatron_validate(argv, recipe.world_size)
     model_config = recipe.model_config()
-    assert model_config.dsa.indexer == overrides.get("dsa_indexer", "megatron")
+    assert model_config.dsa.indexer == overrides.get("dsa_indexer", "fused-tilelang-loss")  # the recipes' default
     Path(args.nam56r_model_config).write_text(json.dumps(model_config.to_dict()))  # as the launcher writes it
     megatron_globals(args)
 
