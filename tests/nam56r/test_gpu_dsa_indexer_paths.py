@@ -97,14 +97,16 @@ def test_fused_tilelang_loss_runs_megatrons_kernels_and_matches_the_other_paths(
     assert _relative(tilelang["input grad"], torch_loss["input grad"]) < 1e-2
     torch.testing.assert_close(tilelang["loss"], torch_loss["loss"], rtol=1e-3, atol=0)
     for name, grad in tilelang["indexer grads"].items():
-        # Megatron's TileLang indexer backward runs its GEMMs on fp32 tiles, so on tensor cores in TF32, and
-        # evaluates the ReLU mask on those TF32 logits; dK sums over many queries with cancellation. The
-        # direction must agree closely; the largest element may move by a few percent of the largest.
+        # Megatron's TileLang indexer backward runs its GEMMs on fp32 tiles, so on tensor cores in TF32, evaluates
+        # the ReLU mask on those TF32 logits and sums dK with atomics in no fixed order; the key-side gradients
+        # (linear_wk, k_norm) sum over every query with cancellation. On an H100 the worst of them differs from the
+        # torch loss's by 4.2e-2 of its largest element, with cosine 0.99906; the bounds are twice that spread.
+        # A wrong index, scale or mask moves the direction far more.
         want = torch_loss["indexer grads"][name]
         cosine = float(torch.nn.functional.cosine_similarity(grad.flatten(), want.flatten(), dim=0))
         print(f"indexer grad {name}: max error {_relative(grad, want):.2e} of the largest, cosine {cosine:.6f}")
-        assert cosine > 0.999, (name, cosine)
-        assert _relative(grad, want) < 5e-2, name
+        assert cosine > 0.998, (name, cosine)
+        assert _relative(grad, want) < 8e-2, name
     # Against Megatron's path: its TileLang indexer's fp32 sums in another order can flip a near-tie's selection.
     torch.testing.assert_close(tilelang["loss"], megatron["loss"], rtol=1e-2, atol=0)
     assert _relative(tilelang["output"], megatron["output"]) < 5e-2
