@@ -17,6 +17,10 @@ from nam56r.training.run_dir import RunDir
 
 # Always on: the original team's OOMs from allocator fragmentation went away with it.
 ALLOC_CONF = "expandable_segments:True"
+# On unless the user sets it: Triton keeps each autotuned kernel's timings in its cache directory, so a warm start
+# reuses them instead of benchmarking every config again (mamba_ssm's Mamba-3 Triton kernels autotune 4-9 configs
+# each, in every process). Its key holds the kernel source, the GPU target and the tuning key.
+TRITON_AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
 DEFAULT_RDZV_PORT = 29500
 
 
@@ -26,14 +30,16 @@ class LaunchError(RuntimeError):
 
 def runtime_env(inherited: Mapping[str, str]) -> dict[str, str]:
     """The variables the launcher sets. A user's PYTORCH_CUDA_ALLOC_CONF is kept only if it already
-    enables expandable segments; otherwise the launch is refused (never silently replaced)."""
+    enables expandable segments; otherwise the launch is refused (never silently replaced). Triton's autotune
+    cache is on unless the user's environment sets TRITON_CACHE_AUTOTUNING (to 0, say)."""
     current = inherited.get("PYTORCH_CUDA_ALLOC_CONF")
     if current is not None and "expandable_segments:True" not in current.replace(" ", ""):
         raise LaunchError(
             f"PYTORCH_CUDA_ALLOC_CONF={current!r} is set without expandable_segments:True, which NAM56R runs always use "
             f"(allocator fragmentation OOMs); unset it or add {ALLOC_CONF}"
         )
-    return {"PYTORCH_CUDA_ALLOC_CONF": current or ALLOC_CONF}
+    return {"PYTORCH_CUDA_ALLOC_CONF": current or ALLOC_CONF,
+            TRITON_AUTOTUNE_CACHE_ENV: inherited.get(TRITON_AUTOTUNE_CACHE_ENV, "1")}
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ def slurm_script(recipe: Recipe, megatron_argv: Sequence[str], run_dir: Path, wo
 set -euo pipefail
 cd {shlex.quote(str(workdir))}
 export PYTORCH_CUDA_ALLOC_CONF={ALLOC_CONF}
+export {TRITON_AUTOTUNE_CACHE_ENV}="${{{TRITON_AUTOTUNE_CACHE_ENV}:-1}}"
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 srun --ntasks-per-node=1 {shlex.quote(python)} -m nam56r.training.preflight --preset {preset}
 srun --ntasks-per-node=1 {shlex.quote(python)} -m torch.distributed.run \\

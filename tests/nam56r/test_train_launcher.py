@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,8 +49,8 @@ def test_dry_run_prints_checks_preflight_and_the_exact_command(tiny_data, tmp_pa
     assert "megatron flags: validated by Megatron's parser as 1 rank(s); its model config matches NAM56R's" in out
     assert "preflight:" in out and "patches megatron-lm" in out
     cmd = _command_line(out)
-    assert cmd[0] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-    assert cmd[2:5] == ["-m", "torch.distributed.run", "--nproc-per-node"]
+    assert cmd[:2] == ["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "TRITON_CACHE_AUTOTUNING=1"]
+    assert cmd[3:6] == ["-m", "torch.distributed.run", "--nproc-per-node"]
     flags = cmd[cmd.index("nam56r.training.pretrain") + 1 :]
     assert flags[flags.index("--train-data-path") + 1] == str(DataDir(tiny_data).train_prefix)
     assert flags[flags.index("--tokenizer-model") + 1] == str(DataDir(tiny_data).tokenizer_dir)
@@ -183,9 +185,28 @@ def test_bare_prefix_needs_a_tokenizer(tiny_data, tmp_path):
 def test_conflicting_allocator_setting_is_refused_not_replaced():
     with pytest.raises(LaunchError, match="expandable_segments:True"):
         runtime_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"})
-    assert runtime_env({}) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert runtime_env({}) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TRITON_CACHE_AUTOTUNING": "1"}
     kept = "expandable_segments:True,max_split_size_mb:512"
-    assert runtime_env({"PYTORCH_CUDA_ALLOC_CONF": kept}) == {"PYTORCH_CUDA_ALLOC_CONF": kept}
+    assert runtime_env({"PYTORCH_CUDA_ALLOC_CONF": kept})["PYTORCH_CUDA_ALLOC_CONF"] == kept
+
+
+def test_triton_autotune_cache_is_on_for_mamba3s_real_kernels_unless_the_user_says_otherwise(megatron_built):
+    """The launcher's environment reaches the autotuners of mamba_ssm's Mamba-3 Triton kernels (a fresh
+    interpreter, as a rank is: Triton reads the variable when each autotuner is built, at import)."""
+    assert runtime_env({"TRITON_CACHE_AUTOTUNING": "0"})["TRITON_CACHE_AUTOTUNING"] == "0"
+    script = (
+        "from triton.runtime.autotuner import Autotuner\n"
+        "from mamba_ssm.ops.triton.mamba3 import angle_dt, mamba3_mimo_utils\n"
+        "tuners = [o for m in (angle_dt, mamba3_mimo_utils) for o in vars(m).values() if isinstance(o, Autotuner)]\n"
+        "print(len(tuners), sorted({t.cache_results for t in tuners}))\n"
+    )
+    base = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_AUTOTUNING")}
+    for inherited, want in (({}, "[True]"), ({"TRITON_CACHE_AUTOTUNING": "0"}, "[False]")):
+        env = {**base, **runtime_env(inherited)}
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        count, seen = proc.stdout.split(maxsplit=1)
+        assert int(count) >= 6 and seen.strip() == want, proc.stdout  # the MIMO path alone calls 6 of them
 
 
 def test_multi_node_needs_a_rendezvous(tmp_path):
@@ -204,6 +225,7 @@ def test_slurm_script_is_valid_bash_with_preflight_on_every_node(tmp_path):
     assert "nam56r.training.preflight --preset nam56r" in script
     assert '--rdzv-endpoint="$head_node:29500"' in script
     assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in script
+    assert 'export TRITON_CACHE_AUTOTUNING="${TRITON_CACHE_AUTOTUNING:-1}"' in script
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True).returncode == 0
