@@ -49,16 +49,17 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
     )
     shape.add_argument("--save-interval", type=int, help="steps between checkpoints")
     shape.add_argument("--backend", choices=("auto", "te", "local"), help="layer backend (auto: TE when installed)")
-    shape.add_argument("--index-cache", choices=("on", "off"), help="IndexCache for the DSA layers")
+    shape.add_argument("--index-cache", choices=("on", "off"),
+                       help="IndexCache for the DSA layers: Shared layers reuse the nearest Full layer's top-k (on in every recipe)")
     shape.add_argument("--dsa-indexer", choices=DSA_INDEXER_PATHS,
-                       help="how DSA layers select their top-k and train the indexer: Megatron's TileLang indexer and loss "
-                            "(megatron, the default), or the fused Triton top-k with the sparse loss on the selected keys "
-                            "computed in torch (fused) or by Megatron's TileLang loss kernels (fused-tilelang-loss); "
+                       help="how DSA layers select their top-k and train the indexer: the fused Triton top-k with the sparse loss on the "
+                            "selected keys computed by Megatron's TileLang loss kernels (fused-tilelang-loss, the recipes' "
+                            "default) or in torch (fused), or Megatron's TileLang indexer and loss (megatron); "
                             "nam56r.model.dsa_fused_indexer")
     shape.add_argument("--moe-dispatch", choices=MOE_DISPATCH_PATHS,
-                       help="how MoE layers dispatch tokens to their experts: Megatron's all-to-all dispatcher (megatron, the "
-                            "default) or, at expert parallel 1, one pass per token without sorts, atomics or host syncs "
-                            "(fused-permute; nam56r.model.moe_dispatch)")
+                       help="how MoE layers dispatch tokens to their experts: at expert parallel 1, one pass per token without "
+                            "sorts, atomics or host syncs (fused-permute, the one-GPU recipes' default; "
+                            "nam56r.model.moe_dispatch), or Megatron's all-to-all dispatcher (megatron, the EP > 1 recipes')")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
     shape.add_argument("--linear-ce", choices=get_args(LinearCE),
                        help="LM head and MTP heads: our chunked linear cross-entropy through Megatron patch 0016 (chunked, "
