@@ -105,7 +105,8 @@ class Recipe:
     index_cache: bool = True
     # DSAConfig.indexer: "fused-tilelang-loss" (the fused top-k; its sparse loss on Megatron's TileLang target, KL
     # and indexer-backward kernels) is faster than Megatron's own indexer path over a whole DSA layer; "fused"
-    # (the loss in torch) is slower than Megatron's; "megatron" is upstream's.
+    # (the loss in torch) is about level with Megatron's and slower than "fused-tilelang-loss"; "megatron" is
+    # upstream's.
     dsa_indexer: DSAIndexerPath = "fused-tilelang-loss"
     # LM head and MTP heads: "chunked", our chunked linear CE (nam56r.model.linear_cross_entropy, through patch
     # 0016), faster than logits + CE with 1.75 GiB extra; "liger", Liger's fused linear CE (Megatron patches
