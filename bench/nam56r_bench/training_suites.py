@@ -1,8 +1,9 @@
 """The GPU training suites, each through `python -m nam56r.training.train` (the users' command) on this machine:
 
-- ``train-step``: the proxy recipe and the full NAM56R on one GPU: tokens/s/GPU, TFLOP/s/GPU (nam56r.model.flops'
+- ``train-step``: the proxy recipe and the full NAM56R on one GPU, and (``--model nam56r-2gpu``) the full NAM56R on
+  two GPUs at EP=2: tokens/s/GPU, TFLOP/s/GPU (nam56r.model.flops'
   formula, the run's steady-state window), MFU against a bf16 GEMM peak measured in the same run, peak
-  memory, and, from a PyTorch-profiler trace of the proxy's steps 20-22, the top-10 kernels by CUDA time with
+  memory, and, from a PyTorch-profiler trace of rank 0's steps 20-22, the top-10 kernels by CUDA time with
   their share of the step and the GPU-idle share (`nam56r_bench.profile_trace`). Each row names the settings
   its run trained with (`run_settings`: micro-batch, CE path, DSA indexer, IndexCache, recompute, backend).
 - ``microbatch``: the largest micro-batch that trains 3 steps at sequence 4096, proxy and full, on each memory
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r.training.run_dir import RunDir
@@ -37,8 +39,23 @@ from nam56r.training.startup_marks import STARTUP_T0_ENV, read_marks
 from nam56r_bench.harness import BenchError, Context, Row, cuda_time_ms, require_gpu
 from nam56r_bench.profile_trace import profile_breakdown
 
-# The full NAM56R on one GPU: the 8-GPU bf16 recipe, one GPU, no expert parallelism.
-RECIPES = {"proxy": ["--recipe", "proxy-1gpu"], "nam56r": ["--recipe", "h200x8-bf16", "--gpus-per-node", "1", "--ep", "1"]}
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A model the training suites run: the launcher's arguments for it, and the GPUs it trains on (one data-parallel
+    rank each: every recipe here has TP = PP = 1)."""
+
+    launcher_args: tuple[str, ...]
+    gpus: int = 1
+
+
+# The full NAM56R on one GPU is the 8-GPU bf16 recipe on one GPU, no expert parallelism; on two GPUs it is the
+# 2xH200 recipe (EP=2, distributed optimizer) with the full model.
+RECIPES = {
+    "proxy": BenchModel(("--recipe", "proxy-1gpu")),
+    "nam56r": BenchModel(("--recipe", "h200x8-bf16", "--gpus-per-node", "1", "--ep", "1")),
+    "nam56r-2gpu": BenchModel(("--recipe", "h200x2-ep2", "--model", "nam56r"), gpus=2),
+}
 FIRST_STEP = re.compile(r"iteration\s+1/")
 # Megatron's print_datetime milestones ("[after model, optimizer, and learning rate scheduler are built] datetime: ..."):
 # where the time to the first step goes (initialisation, model build, data loaders, then the first step's compiles).
@@ -46,8 +63,23 @@ MILESTONE = re.compile(r"\[(?P<what>after [^\]]+)\] datetime: ")
 
 
 def models(ctx: Context) -> tuple[str, ...]:
-    """The models a training suite runs: those named with --model, else both (the proxy alone for --quick)."""
-    return ctx.models or (("proxy",) if ctx.quick else tuple(RECIPES))
+    """The models a training suite runs: those named with --model, else the one-GPU ones (the proxy alone for --quick)."""
+    return ctx.models or (("proxy",) if ctx.quick else tuple(name for name, model in RECIPES.items() if model.gpus == 1))
+
+
+def require_gpus(model: str) -> None:
+    """Refuse a model that trains on more GPUs than this machine shows."""
+    import torch
+
+    if (needed := RECIPES[model].gpus) > (visible := torch.cuda.device_count()):
+        raise BenchError(f"model {model!r} trains on {needed} GPUs and this machine shows {visible}"
+                         " (CUDA_VISIBLE_DEVICES may hide some)")
+
+
+def model_label(model: str) -> str:
+    """How a row names a model and its GPUs: 'proxy 1 GPU', 'nam56r-2gpu 2 GPUs'."""
+    gpus = RECIPES[model].gpus
+    return f"{model} {gpus} GPU{'s' if gpus > 1 else ''}"
 
 
 def gemm_peak_tflops() -> float:
@@ -67,10 +99,11 @@ def train_command(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, op
     changes neither speed nor memory), and no DSA dense warm-up: the benches measure the sparse steps the run
     spends nearly all its time in. `options`: the launcher's own (e.g. `--linear-ce logits`); `extra`:
     Megatron flags after `--`."""
-    command = [sys.executable, "-m", "nam56r.training.train", *RECIPES[recipe], "--steps", str(steps), "--warmup", "1",
+    model = RECIPES[recipe]
+    command = [sys.executable, "-m", "nam56r.training.train", *model.launcher_args, "--steps", str(steps), "--warmup", "1",
                "--dense-warmup-steps", "0", "--no-save", "--run-dir", str(run_dir), *options]
-    if mbs is not None:
-        command += ["--mbs", str(mbs), "--gbs", str(mbs)]
+    if mbs is not None:  # one micro-batch per data-parallel rank and step
+        command += ["--mbs", str(mbs), "--gbs", str(mbs * model.gpus)]
     return command + (["--", *extra] if extra else [])
 
 
@@ -135,12 +168,13 @@ def train_step(ctx: Context) -> list[Row]:
 def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, peak: float, ctx: Context,
                     recompute: str | None = None, linear_ce: str | None = None) -> Row:
     """One train-step row: a run of `steps` at micro-batch `mbs` (None: the recipe's) with the launcher's `--recompute`
-    setting and `--linear-ce` path (None: the recipe's), profiled for the proxy."""
-    profiled = recipe == "proxy" and not ctx.quick
+    setting and `--linear-ce` path (None: the recipe's), profiled unless --quick."""
+    require_gpus(recipe)
+    profiled = not ctx.quick
     profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
     options = (("--recompute", recompute) if recompute else ()) + (("--linear-ce", linear_ce) if linear_ce else ())
     result = train(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=profile if profiled else ())
-    case = (f"{recipe} 1 GPU" + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
+    case = (model_label(recipe) + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
             + (f" linear-ce {linear_ce}" if linear_ce else ""))
     extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"],
              "milestones_s": result["milestones_s"], "startup_s": result["startup_s"], **run_settings(run_dir)}
@@ -205,6 +239,7 @@ def microbatch(ctx: Context) -> list[Row]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-mbs-") as tmp:
         for recipe in models(ctx):
+            require_gpus(recipe)
             for side, (variant, options) in enumerate(microbatch_variants(ctx).items()):
                 def try_mbs(mbs: int, recipe: str = recipe, side: int = side, variant: str = variant,
                             options: tuple[str, ...] = options) -> dict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -144,10 +145,17 @@ def assess(check: ResumeCheck, full: TrainRun, resumed: TrainRun | None) -> Resu
     return ResumeResult(check, runs, diff, tuple(problems))
 
 
+def drop_checkpoint(checkpoints: Path, step: int) -> None:
+    """Delete Megatron's checkpoint of `step` under `checkpoints` (iter_<step:07d>), if there is one. The uninterrupted
+    run's last checkpoint is never read, and at the proxy's size (44 GiB a checkpoint) it and the resumed run's would
+    not fit a node's disk beside the checkpoint the resume reads."""
+    shutil.rmtree(checkpoints / f"iter_{step:07d}", ignore_errors=True)
+
+
 def run_resume_check(check: ResumeCheck, out_dir: Path, data: Path, python: str = sys.executable,
                      megatron_flags: tuple[str, ...] = (), echo: bool = True) -> ResumeResult:
-    """The uninterrupted run (checkpoints at resume_at and at the end) in OUT/full, then the run resumed
-    from its step-resume_at checkpoint in OUT/resumed, judged by `assess`. `megatron_flags` go to both
+    """The uninterrupted run (checkpoints at resume_at and at the end; the last is dropped once it ends) in OUT/full,
+    then the run resumed from its step-resume_at checkpoint in OUT/resumed, judged by `assess`. `megatron_flags` go to both
     runs after `--`."""
     common = ["--recipe", check.recipe, "--warmup", str(check.warmup), "--steps", str(check.steps),
               "--dense-warmup-steps", str(check.dense_warmup_steps), "--data", str(data)]
@@ -157,6 +165,7 @@ def run_resume_check(check: ResumeCheck, out_dir: Path, data: Path, python: str 
     full = TrainRun("full", full_dir, launch)
     if full.exit_code != 0:
         return assess(check, full, None)
+    drop_checkpoint(RunDir(full_dir).checkpoints, check.steps)
     launch = train_run(
         "resumed", resumed_dir,
         [*common, "--save-interval", str(check.steps), "--load", str(RunDir(full_dir).checkpoints),

@@ -14,6 +14,7 @@ from nam56r_bench.profile_trace import TRACE_GLOB, profile_breakdown
 from nam56r_bench.training_suites import (
     CE_PATHS,
     LINEAR_CE_PATHS,
+    RECIPES,
     RECOMPUTE_SETTINGS,
     _attempt,
     describe_attempt,
@@ -102,10 +103,12 @@ def test_the_trace_directory_is_where_megatron_writes_for_our_flags(megatron_bui
     assert fnmatch.fnmatch("rank-0.json.gz", TRACE_GLOB)
 
 
-@pytest.mark.parametrize("recipe", ["proxy", "nam56r"])
-def test_bench_training_runs_save_no_checkpoint(recipe: str, tmp_path: Path, megatron_built, capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(("recipe", "global_batch"), [("proxy", 2), ("nam56r", 2), ("nam56r-2gpu", 4)])
+def test_bench_training_runs_save_no_checkpoint(recipe: str, global_batch: int, tmp_path: Path, megatron_built,
+                                                capsys: pytest.CaptureFixture) -> None:
     """Each bench run is the users' command, which nam56r.training.train's own parser and Megatron's accept
-    (dry run); it saves nothing (a proxy checkpoint takes about 44 GiB, several would fill a node's disk)."""
+    (dry run); it saves nothing (a proxy checkpoint takes about 44 GiB, several would fill a node's disk). A step
+    is one micro-batch per data-parallel rank."""
     from nam56r.training.train import main as train_main
 
     command = train_command(recipe, tmp_path / "run", mbs=2, steps=3)
@@ -113,7 +116,8 @@ def test_bench_training_runs_save_no_checkpoint(recipe: str, tmp_path: Path, meg
     assert train_main([*command[3:], "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "checkpoints: none (--no-save)" in out
-    assert "--micro-batch-size 2 " in out and "--global-batch-size 2 " in out and "--save " not in out
+    assert "--micro-batch-size 2 " in out and f"--global-batch-size {global_batch} " in out and "--save " not in out
+    assert f"--nproc-per-node {RECIPES[recipe].gpus} " in out
 
 
 def test_a_micro_batch_try_reads_a_real_run_summary() -> None:
@@ -135,7 +139,8 @@ def test_a_micro_batch_try_that_ran_out_of_memory_says_so() -> None:
 
 
 def test_model_option_picks_the_training_suites_models(tmp_path: Path) -> None:
-    assert models(Context(tmp_path, quick=False)) == ("proxy", "nam56r")
+    assert models(Context(tmp_path, quick=False)) == ("proxy", "nam56r")  # the one-GPU models
+    assert models(Context(tmp_path, quick=False, models=("nam56r-2gpu",))) == ("nam56r-2gpu",)
     assert models(Context(tmp_path, quick=True)) == ("proxy",)
     assert models(Context(tmp_path, quick=False, models=("nam56r",))) == ("nam56r",)
 

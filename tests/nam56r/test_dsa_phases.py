@@ -285,3 +285,28 @@ def test_the_gpu_resume_check_resumes_inside_the_warmup_and_crosses_the_switch(t
     monkeypatch.setattr(resume_check, "train_run", record)
     resume_check.run_resume_check(check, tmp_path, tmp_path / "data", echo=False)
     assert launched[0][launched[0].index("--dense-warmup-steps") + 1] == "15"
+
+
+def test_the_resume_check_drops_the_unread_last_checkpoint_before_resuming(tmp_path, monkeypatch):
+    # At the proxy's size a checkpoint is 44 GiB: the uninterrupted run's last one and the resumed run's would not
+    # fit a node's disk beside the one the resume reads.
+    import nam56r.training.resume_check as resume_check
+    from nam56r.training.logged_run import LoggedRun
+    from nam56r.training.run_dir import RunDir
+
+    check = resume_check.ResumeCheck(steps=20, resume_at=10)
+    checkpoints = RunDir(tmp_path / "full").checkpoints
+    seen: list[list[str]] = []
+
+    def fake_train(name, run_dir, args, *a, **k):
+        if name == "full":
+            for step in (10, 20):
+                (checkpoints / f"iter_{step:07d}").mkdir(parents=True)
+                (checkpoints / f"iter_{step:07d}" / "shard").write_text("x")
+        else:
+            seen.append(sorted(p.name for p in checkpoints.iterdir()))
+        return LoggedRun(["train"], 0, 0.0, tmp_path / f"{name}.log")
+
+    monkeypatch.setattr(resume_check, "train_run", fake_train)
+    resume_check.run_resume_check(check, tmp_path, tmp_path / "data", echo=False)
+    assert seen == [["iter_0000010"]]
