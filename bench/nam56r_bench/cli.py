@@ -36,10 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sweeps: a smoke run, not a result")
     parser.add_argument("--model", action="append", choices=sorted(RECIPES), dest="models", default=[],
                         help="a model the training suites (train-step, microbatch) run; repeat for several "
-                             "(default: both, the proxy alone with --quick)")
+                             "(default: the one-GPU models, the proxy alone with --quick)")
     parser.add_argument("--mbs", action="append", type=_positive_int, dest="micro_batches", default=[],
-                        help="a micro-batch size the train-step suite runs each model at (global batch = micro-batch, "
-                             "one GPU); repeat for several (default: each recipe's own)")
+                        help="a micro-batch size the train-step suite runs each model at (global batch = micro-batch x the "
+                             "model's GPUs: one micro-batch per rank and step); repeat for several (default: each recipe's own)")
     parser.add_argument("--recompute", action="append", type=_recompute_setting, default=[], metavar="SETTING",
                         help="a launcher --recompute setting (none, all, or families joined by commas: mamba,moe,attention) "
                              "the train-step and microbatch suites run, on the default CE path; repeat for several, or "

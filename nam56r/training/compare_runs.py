@@ -1,7 +1,10 @@
 """Two or more runs side by side, from their summary.json files (`nam56r.training.runlog`): LM loss over
-steps on the left, the indexer's top-k recall against dense attention's on the right
+steps on the left; in the middle, each later run's LM loss minus the first run's at the same step with its
+moving mean (runs of one recipe and seed read the same batches in the same order, so the step-to-step noise of
+a small batch cancels); the indexer's top-k recall against dense attention's on the right
 (`nam56r.training.recall_probe`), one line per run; a dotted line marks where a run's DSA dense warm-up
-ended, read from the recipe.json beside its summary (`nam56r.training.train` writes both).
+ended, read from the recipe.json beside its summary (`nam56r.training.train` writes both). It prints each
+later run's mean difference over the second half of the common steps, with its standard error.
 
     python -m nam56r.training.compare_runs runs/warmup/summary.json runs/no-warmup/summary.json \\
         --labels "dense warm-up 50" "no warm-up" --out warmup_vs_none.png
@@ -44,26 +47,69 @@ def read_run(summary_path: Path, label: str) -> RunCurves:
     )
 
 
-def plot_runs(runs: list[RunCurves], path: Path) -> None:
-    """LM loss (left) and indexer recall (right) over steps, one colour per run, into the PNG `path`."""
+def loss_difference(base: RunCurves, other: RunCurves) -> list[tuple[int, float]]:
+    """`other`'s LM loss minus `base`'s at each step both logged, in step order."""
+    base_loss = dict(base.lm_loss)
+    return [(step, loss - base_loss[step]) for step, loss in other.lm_loss if step in base_loss]
+
+
+def moving_mean(points: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
+    """The mean of each `window` consecutive points, at the last point's step."""
+    values = [value for _, value in points]
+    return [(points[end - 1][0], sum(values[end - window:end]) / window) for end in range(window, len(points) + 1)]
+
+
+@dataclass(frozen=True)
+class DifferenceSummary:
+    first_step: int
+    last_step: int
+    mean: float
+    standard_error: float
+
+    def describe(self) -> str:
+        return (f"mean {self.mean:+.4f} ± {self.standard_error:.4f} (standard error) over steps "
+                f"{self.first_step}-{self.last_step}")
+
+
+def summarize_difference(difference: list[tuple[int, float]]) -> DifferenceSummary | None:
+    """The mean of the second half of `difference` and its standard error; None when that half has fewer than 2 points."""
+    half = difference[len(difference) // 2:]
+    if len(half) < 2:
+        return None
+    values = [value for _, value in half]
+    mean = sum(values) / len(values)
+    variance = sum((value - mean) ** 2 for value in values) / (len(values) - 1)
+    return DifferenceSummary(half[0][0], half[-1][0], mean, (variance / len(values)) ** 0.5)
+
+
+def plot_runs(runs: list[RunCurves], path: Path, window: int = 25) -> None:
+    """LM loss (left), each later run's LM loss minus the first's with its `window`-step moving mean (middle), and
+    indexer recall (right) over steps, one colour per run, into the PNG `path`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(13, 4.8), layout="constrained")
+    figure = Figure(figsize=(19, 4.8), layout="constrained")
     FigureCanvasAgg(figure)
-    loss_axes, recall_axes = figure.subplots(1, 2)
+    loss_axes, difference_axes, recall_axes = figure.subplots(1, 3)
     for index, run in enumerate(runs):
         color = f"C{index}"
         loss_axes.plot(*zip(*run.lm_loss, strict=True), color=color, linewidth=1.2, label=run.label)
+        if index and (difference := loss_difference(runs[0], run)):
+            difference_axes.plot(*zip(*difference, strict=True), color=color, linewidth=0.6, alpha=0.35, label=f"{run.label}: per step")
+            if smooth := moving_mean(difference, window):
+                difference_axes.plot(*zip(*smooth, strict=True), color=color, linewidth=2, label=f"{run.label}: {window}-step mean")
         if run.indexer_recall:
             recall_axes.plot(*zip(*run.indexer_recall, strict=True), color=color, marker="o", markersize=3, label=run.label)
         if run.dense_warmup_steps:
-            for axes in (loss_axes, recall_axes):
+            for axes in (loss_axes, difference_axes, recall_axes):
                 axes.axvline(run.dense_warmup_steps + 0.5, color=color, linestyle=":", linewidth=1,
                              label=f"{run.label}: end of the dense warm-up")
+    difference_axes.axhline(0.0, color="black", linewidth=0.8)
     loss_axes.set(xlabel="step", ylabel="lm loss", title="LM loss")
+    difference_axes.set(xlabel="step", ylabel="lm loss difference",
+                        title="LM loss minus the first run's at the same step (same batches)")
     recall_axes.set(xlabel="step", ylabel="recall@k", ylim=(0, 1.02), title="indexer top-k recall of dense attention's top-k")
-    for axes in (loss_axes, recall_axes):
+    for axes in (loss_axes, difference_axes, recall_axes):
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8)
     figure.savefig(path, dpi=110)
@@ -76,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("summaries", type=Path, nargs="+", help="summary.json of each run (nam56r.training.runlog writes it)")
     parser.add_argument("--labels", nargs="+", help="one legend label per run (default: each run's folder name)")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    parser.add_argument("--window", type=_positive_int, default=25, help="steps in the difference's moving mean (default: 25)")
     args = parser.parse_args(argv)
     labels = args.labels or [path.parent.name for path in args.summaries]
     if len(labels) != len(args.summaries):
@@ -89,9 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs:
         if not run.indexer_recall:
             print(f"note: {run.label} logged no 'indexer recall' (trained without --indexer-recall-interval)", file=sys.stderr)
-    plot_runs(runs, args.out)
+    for run in runs[1:]:
+        if (summary := summarize_difference(loss_difference(runs[0], run))) is not None:
+            print(f"lm loss of {run.label} minus {runs[0].label}: {summary.describe()}")
+    plot_runs(runs, args.out, args.window)
     print(f"wrote {args.out}")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
 
 
 if __name__ == "__main__":

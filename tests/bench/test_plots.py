@@ -54,7 +54,7 @@ def _microbatch_result() -> dict[str, Any]:
     return json.loads(json.dumps(result))
 
 
-@pytest.mark.parametrize("name", ["train-step", "compile-tax", "kernels", "tooling"])
+@pytest.mark.parametrize("name", ["train-step", "train-step-2gpu", "compile-tax", "kernels", "tooling"])
 def test_each_committed_suite_json_draws_a_png(tmp_path: Path, name: str) -> None:
     render(_committed(name), tmp_path / f"{name}.png")
     assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG

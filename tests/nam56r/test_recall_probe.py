@@ -200,6 +200,7 @@ def test_compare_runs_plots_two_runs_and_names_what_is_missing(tmp_path) -> None
     proc = subprocess.run([*command, "--labels", "dense warm-up 5", "no warm-up"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes().startswith(PNG_SIGNATURE)
+    assert "lm loss of no warm-up minus dense warm-up 5: mean +0.0000 ± 0.0000 (standard error) over steps 16-30" in proc.stdout
     wrong = subprocess.run([*command, "--labels", "one"], capture_output=True, text=True)
     assert wrong.returncode == 1 and "1 labels for 2 runs" in wrong.stderr
     old = tmp_path / "old" / "summary.json"
@@ -223,3 +224,17 @@ def test_the_log_lines_of_a_killed_run_give_the_recall_of_probe_steps() -> None:
     text = "\n".join(line(step, 0.1 * step if step % 3 == 0 else math.nan) for step in range(1, 10))
     assert logged_loss_curve(text, RECALL_KEY) == [(3, pytest.approx(0.3)), (6, pytest.approx(0.6)), (9, pytest.approx(0.9))]
     assert [step for step, _ in logged_loss_curve(text)] == list(range(1, 10))
+
+
+def test_the_loss_difference_pairs_steps_and_its_summary_is_the_second_half() -> None:
+    from nam56r.training.compare_runs import RunCurves, loss_difference, moving_mean, summarize_difference
+
+    base = RunCurves("a", [(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.0), (5, 2.0)], [], None)
+    other = RunCurves("b", [(2, 4.5), (3, 3.1), (4, 2.3), (5, 2.1), (6, 9.9)], [], None)  # step 6: the base has none
+    difference = loss_difference(base, other)
+    assert difference == [(2, pytest.approx(0.5)), (3, pytest.approx(0.1)), (4, pytest.approx(0.3)), (5, pytest.approx(0.1))]
+    assert moving_mean(difference, 2) == [(3, pytest.approx(0.3)), (4, pytest.approx(0.2)), (5, pytest.approx(0.2))]
+    summary = summarize_difference(difference)
+    assert (summary.first_step, summary.last_step, summary.mean) == (4, 5, pytest.approx(0.2))
+    assert summary.standard_error == pytest.approx(0.1)  # sample sd 0.1414 over sqrt(2)
+    assert summarize_difference(difference[:2]) is None
