@@ -156,6 +156,7 @@ def train_step(ctx: Context) -> list[Row]:
     steps = 12 if ctx.quick else 25
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-train-") as tmp:
         for recipe in models(ctx):
+            require_gpus(recipe)
             for linear_ce in ctx.linear_ce or (None,):
                 for setting in recompute_settings(ctx) or (None,):
                     for mbs in ctx.micro_batches or (None,):
@@ -169,7 +170,6 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
                     recompute: str | None = None, linear_ce: str | None = None) -> Row:
     """One train-step row: a run of `steps` at micro-batch `mbs` (None: the recipe's) with the launcher's `--recompute`
     setting and `--linear-ce` path (None: the recipe's), profiled unless --quick."""
-    require_gpus(recipe)
     profiled = not ctx.quick
     profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
     options = (("--recompute", recompute) if recompute else ()) + (("--linear-ce", linear_ce) if linear_ce else ())

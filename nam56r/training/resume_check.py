@@ -24,6 +24,7 @@ from nam56r import CHECKOUT_ROOT
 from nam56r.training.logged_run import LoggedRun, run_logged
 from nam56r.training.run_dir import RunDir
 from nam56r.training.run_events import LOSS_TAG, compare_loss_curves, loss_curve
+from nam56r.training.run_faults import iteration_checkpoint
 from nam56r.training.runlog import headline, resolve_tensorboard_dir
 
 ROOT = CHECKOUT_ROOT
@@ -146,10 +147,10 @@ def assess(check: ResumeCheck, full: TrainRun, resumed: TrainRun | None) -> Resu
 
 
 def drop_checkpoint(checkpoints: Path, step: int) -> None:
-    """Delete Megatron's checkpoint of `step` under `checkpoints` (iter_<step:07d>), if there is one. The uninterrupted
-    run's last checkpoint is never read, and at the proxy's size (44 GiB a checkpoint) it and the resumed run's would
-    not fit a node's disk beside the checkpoint the resume reads."""
-    shutil.rmtree(checkpoints / f"iter_{step:07d}", ignore_errors=True)
+    """Delete Megatron's checkpoint of `step` under `checkpoints`, if there is one. The uninterrupted run's last
+    checkpoint is never read, and at the proxy's size (44 GiB a checkpoint) it and the resumed run's would not fit a
+    node's disk beside the checkpoint the resume reads."""
+    shutil.rmtree(iteration_checkpoint(checkpoints, step), ignore_errors=True)
 
 
 def run_resume_check(check: ResumeCheck, out_dir: Path, data: Path, python: str = sys.executable,

@@ -23,6 +23,11 @@ MIB = 1 << 20
 RUN_STOPPED_EXIT = 3  # a training process that stops with RunStopped exits with this code
 
 
+def iteration_checkpoint(save_dir: str | Path, iteration: int) -> Path:
+    """Megatron's directory for the checkpoint of `iteration` under `save_dir`."""
+    return Path(save_dir) / f"iter_{iteration:07d}"
+
+
 class RunStopped(RuntimeError):
     """The run cannot go on; the message says why and how to resume."""
 
@@ -81,11 +86,11 @@ def _bytes_under(path: Path) -> int:
 def save_failure_message(exc: BaseException, iteration: int, save_dir: str | Path) -> str:
     """Why the save of `iteration` into `save_dir` failed, as far as the filesystem tells, and what to do."""
     save_dir = Path(save_dir)
-    partial = save_dir / f"iter_{iteration:07d}"
+    partial = iteration_checkpoint(save_dir, iteration)
     free = shutil.disk_usage(save_dir).free if save_dir.exists() else None
     last = last_complete_checkpoint(save_dir)
     tracker_text = (save_dir / TRACKER).read_text().strip() if (save_dir / TRACKER).is_file() else ""
-    previous = save_dir / f"iter_{int(tracker_text):07d}" if tracker_text.isdigit() else None
+    previous = iteration_checkpoint(save_dir, int(tracker_text)) if tracker_text.isdigit() else None
     needed = _bytes_under(previous) if previous is not None else 0
     code = _disk_errno(exc)
     if code is not None or (free is not None and (free < 64 * MIB or free < needed)):

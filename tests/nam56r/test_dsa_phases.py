@@ -293,6 +293,7 @@ def test_the_resume_check_drops_the_unread_last_checkpoint_before_resuming(tmp_p
     import nam56r.training.resume_check as resume_check
     from nam56r.training.logged_run import LoggedRun
     from nam56r.training.run_dir import RunDir
+    from nam56r.training.run_faults import iteration_checkpoint
 
     check = resume_check.ResumeCheck(steps=20, resume_at=10)
     checkpoints = RunDir(tmp_path / "full").checkpoints
@@ -301,8 +302,8 @@ def test_the_resume_check_drops_the_unread_last_checkpoint_before_resuming(tmp_p
     def fake_train(name, run_dir, args, *a, **k):
         if name == "full":
             for step in (10, 20):
-                (checkpoints / f"iter_{step:07d}").mkdir(parents=True)
-                (checkpoints / f"iter_{step:07d}" / "shard").write_text("x")
+                iteration_checkpoint(checkpoints, step).mkdir(parents=True)
+                (iteration_checkpoint(checkpoints, step) / "shard").write_text("x")
         else:
             seen.append(sorted(p.name for p in checkpoints.iterdir()))
         return LoggedRun(["train"], 0, 0.0, tmp_path / f"{name}.log")
