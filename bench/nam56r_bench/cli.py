@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--linear-ce", action="append", choices=LINEAR_CE_PATHS, dest="linear_ce", default=[],
                         help="a launcher --linear-ce path (the LM head's and MTP heads' loss) the train-step and microbatch suites "
                              "run; repeat for several (default: microbatch compares every one, train-step runs the recipe's)")
+    parser.add_argument("--prewarm-mbs", type=_prewarm_sizes, default="1-16", metavar="SIZES",
+                        help="micro-batch sizes the microbatch suite compiles each model's Mamba-3 MIMO TileLang kernels for, in "
+                             "parallel, before its search (nam56r.training.kernel_prewarm: the kernels are compiled per "
+                             "micro-batch size, about 2.5 minutes each inside a training process); e.g. 1-24; "
+                             "none: no prewarm (default 1-16)")
     parser.add_argument("--cache", type=Path, help="the artifact cache the tooling suite fills and builds from "
                         "(default: the patch lane's, ~/.cache/nam56r-patchlane/artifacts)")
     return parser
@@ -59,6 +64,17 @@ def _recompute_setting(text: str) -> str:
         return text
     try:
         return str(Recompute.parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _prewarm_sizes(text: str) -> tuple[int, ...]:
+    from nam56r.training.kernel_prewarm import parse_sizes
+
+    if text == "none":
+        return ()
+    try:
+        return parse_sizes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -113,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     host = stamp()
     ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)), cache=args.cache,
                   micro_batches=tuple(dict.fromkeys(args.micro_batches)), recompute=tuple(dict.fromkeys(args.recompute)),
-                  linear_ce=tuple(dict.fromkeys(args.linear_ce)))
+                  linear_ce=tuple(dict.fromkeys(args.linear_ce)), prewarm_mbs=args.prewarm_mbs)
     failed = []
     for suite in chosen:
         print(f"== {suite.name}: {suite.summary}", flush=True)

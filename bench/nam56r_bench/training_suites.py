@@ -13,6 +13,8 @@
   peak memory predicts for the GPU (`predicted_largest`), then bisects, so a path takes about four runs.
   With `--recompute` (bench option) both suites run each recompute setting named instead (the launcher's
   `--recompute`; `each` is `RECOMPUTE_SETTINGS`), on the default CE path: the micro-batch and TFLOP/s per switch.
+  Before a model's search its Mamba-3 MIMO kernels are compiled for `--prewarm-mbs` sizes in parallel
+  (`nam56r.training.kernel_prewarm`), as they are compiled per micro-batch size.
 - ``compile-tax``: wall time to the first logged step with empty Triton, TileLang and Inductor caches, then
   again with the caches that run filled. Across runs the stack relies on those compilers' on-disk caches
   (by default ~/.triton/cache and ~/.tilelang/cache; TRITON_CACHE_DIR / TILELANG_CACHE_DIR move them,
@@ -240,6 +242,7 @@ def microbatch(ctx: Context) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-mbs-") as tmp:
         for recipe in models(ctx):
             require_gpus(recipe)
+            prewarm_s = prewarm(recipe, ctx.prewarm_mbs) if ctx.prewarm_mbs else None
             for side, (variant, options) in enumerate(microbatch_variants(ctx).items()):
                 def try_mbs(mbs: int, recipe: str = recipe, side: int = side, variant: str = variant,
                             options: tuple[str, ...] = options) -> dict:
@@ -248,8 +251,30 @@ def microbatch(ctx: Context) -> list[Row]:
                     return result
 
                 fits, tried = largest_micro_batch(try_mbs, quick=ctx.quick, capacity_gib=capacity)
-                rows.append(Row(f"{recipe} seq 4096", variant, extra={"largest_micro_batch": fits, "tried": tried}))
+                warmed = {"micro_batches": list(ctx.prewarm_mbs), "seconds": prewarm_s}
+                rows.append(Row(f"{recipe} seq 4096", variant, extra={"largest_micro_batch": fits, "tried": tried, "prewarm": warmed}))
     return rows
+
+
+def prewarm_command(recipe: str, sizes: tuple[int, ...]) -> list[str]:
+    """`python -m nam56r.training.kernel_prewarm` for a bench model's recipe and model preset at `sizes`."""
+    from nam56r.training.kernel_prewarm import format_sizes
+
+    launcher = dict(zip(RECIPES[recipe].launcher_args[::2], RECIPES[recipe].launcher_args[1::2], strict=True))
+    shape = [arg for flag in ("--recipe", "--model") if flag in launcher for arg in (flag, launcher[flag])]
+    return [sys.executable, "-m", "nam56r.training.kernel_prewarm", *shape, "--mbs", format_sizes(sizes)]
+
+
+def prewarm(recipe: str, sizes: tuple[int, ...]) -> float:
+    """Compile the model's Mamba-3 MIMO kernels at micro-batch `sizes` into TileLang's disk cache before a search
+    tries them (each try would otherwise compile its size's kernels one after another in its first step); seconds
+    taken. A failed prewarm stops the suite: a search without it would run, only slower, so it says why."""
+    command = prewarm_command(recipe, sizes)
+    print(f"[prewarm] {' '.join(command)}", flush=True)
+    start = time.perf_counter()
+    if subprocess.run(command).returncode != 0:
+        raise BenchError(f"the kernel prewarm for {recipe} failed (its output is above); --prewarm-mbs none searches without it")
+    return time.perf_counter() - start
 
 
 def describe_attempt(attempt: dict) -> str:

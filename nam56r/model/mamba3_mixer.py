@@ -30,6 +30,26 @@ from nam56r.model.recompute import checkpointed
 KEEP_FP32_PARAMS = ("D", "dt_bias", "B_bias", "C_bias", "mimo_x", "mimo_z", "mimo_o")
 
 
+def build_mamba3(mamba: Mamba3Config, d_model: int, layer_idx: int, *, device: torch.device | None,
+                 dtype: torch.dtype) -> Mamba3:
+    """mamba_ssm's `Mamba3` as NAM56R's layers build it (the mixer, and the kernel prewarm that must call its
+    kernels with the same shapes: `nam56r.training.kernel_prewarm`)."""
+    return Mamba3(
+        d_model=d_model,
+        d_state=mamba.d_state,
+        expand=mamba.expand,
+        headdim=mamba.head_dim,
+        ngroups=mamba.ngroups,
+        rope_fraction=mamba.rope_fraction,
+        is_mimo=mamba.mimo,
+        mimo_rank=mamba.mimo_rank,
+        chunk_size=mamba.chunk_size,
+        layer_idx=layer_idx,
+        device=device,
+        dtype=dtype,
+    )
+
+
 class Mamba3Mixer(MegatronModule):
     """`[s, b, h] -> ([s, b, h], None)` through mamba_ssm's Mamba-3."""
 
@@ -55,20 +75,7 @@ class Mamba3Mixer(MegatronModule):
             raise NotImplementedError("Mamba3Mixer does not support sequence_parallel (NAM56R trains at TP=1)")
         self.layer_number = layer_number
         self.recompute = mamba.recompute
-        self.mamba3 = Mamba3(
-            d_model=d_model,
-            d_state=mamba.d_state,
-            expand=mamba.expand,
-            headdim=mamba.head_dim,
-            ngroups=mamba.ngroups,
-            rope_fraction=mamba.rope_fraction,
-            is_mimo=mamba.mimo,
-            mimo_rank=mamba.mimo_rank,
-            chunk_size=mamba.chunk_size,
-            layer_idx=layer_number,
-            device=parameter_device(config),
-            dtype=config.params_dtype,
-        )
+        self.mamba3 = build_mamba3(mamba, d_model, layer_number, device=parameter_device(config), dtype=config.params_dtype)
         for param_name in KEEP_FP32_PARAMS:
             param = getattr(self.mamba3, param_name, None)
             if param is None:

@@ -22,6 +22,7 @@ from nam56r_bench.training_suites import (
     microbatch_variants,
     models,
     predicted_largest,
+    prewarm_command,
     recompute_settings,
     run_settings,
     train_command,
@@ -285,3 +286,35 @@ def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path
     assert settings["micro_batch"] == 8 and settings["linear_ce"] == recipe.linear_ce and settings["dsa_indexer"] == "fused-tilelang-loss"
     assert settings["moe_dispatch"] == "fused-permute" and settings["index_cache"] is True
     assert set(settings) == {"micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "index_cache", "recompute", "backend"}
+
+
+def test_a_model_is_prewarmed_for_its_recipe_and_preset_through_the_prewarm_command_line() -> None:
+    from nam56r.training.kernel_prewarm import build_parser
+
+    for model, recipe, preset in (("proxy", "proxy-1gpu", None), ("nam56r", "h200x8-bf16", None), ("nam56r-2gpu", "h200x2-ep2", "nam56r")):
+        command = prewarm_command(model, (1, 2, 3, 4))
+        assert command[1:3] == ["-m", "nam56r.training.kernel_prewarm"]
+        args = build_parser().parse_args(command[3:])
+        assert (args.recipe, args.model, args.mbs) == (recipe, preset, (1, 2, 3, 4))
+
+
+def test_the_microbatch_search_prewarms_each_model_before_its_first_try(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nam56r_bench import training_suites
+    from nam56r_bench.cli import _parser
+
+    assert _parser().parse_args([]).prewarm_mbs == tuple(range(1, 17))
+    assert _parser().parse_args(["--prewarm-mbs", "none"]).prewarm_mbs == ()
+    events: list[tuple] = []
+    monkeypatch.setattr(training_suites, "require_gpu", lambda suite: None)
+    monkeypatch.setattr(training_suites, "require_gpus", lambda model: None)
+    monkeypatch.setattr(training_suites, "gpu_capacity_gib", lambda: 140.0)
+    monkeypatch.setattr(training_suites, "prewarm", lambda model, sizes: events.append(("prewarm", model, sizes)) or 12.5)
+    try_mbs = _runs_up_to(0)
+    monkeypatch.setattr(training_suites, "train", lambda model, run_dir, *, mbs, **kw: events.append(("train", model, mbs)) or try_mbs(mbs))
+    ctx = Context(tmp_path, quick=False, models=("proxy",), linear_ce=("chunked", "logits"), prewarm_mbs=(1, 2))
+    rows = training_suites.microbatch(ctx)
+    assert events == [("prewarm", "proxy", (1, 2)), ("train", "proxy", 1), ("train", "proxy", 1)]
+    assert [row.extra["prewarm"] for row in rows] == [{"micro_batches": [1, 2], "seconds": 12.5}] * 2
+    events.clear()
+    training_suites.microbatch(Context(tmp_path, quick=False, models=("proxy",), linear_ce=("chunked",)))
+    assert [event[0] for event in events] == ["train"]
