@@ -50,8 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prewarm-mbs", type=_prewarm_sizes, default="1-16", metavar="SIZES",
                         help="micro-batch sizes the microbatch suite compiles each model's Mamba-3 MIMO TileLang kernels for, in "
                              "parallel, before its search (nam56r.training.kernel_prewarm: the kernels are compiled per "
-                             "micro-batch size, about 2.5 minutes each inside a training process); e.g. 1-24; "
-                             "none: no prewarm (default 1-16)")
+                             "micro-batch size, about 2.5 minutes each inside a training process); e.g. 1-24 (default "
+                             "1-16). train-step prewarms the sizes named with --mbs. none: no prewarm in either suite")
     parser.add_argument("--cache", type=Path, help="the artifact cache the tooling suite fills and builds from "
                         "(default: the patch lane's, ~/.cache/nam56r-patchlane/artifacts)")
     return parser

@@ -31,6 +31,8 @@ Cases (each size by the ModelConfig field it is read from):
   dispatcher and with ours at EP=1 (``MoEConfig.dispatch="fused-permute"``, nam56r.model.moe_dispatch), same weights.
   ``moe layer stages``: each variant's forward split into its stages with CUDA events at module hooks (shared
   expert, router, dispatch+permute, experts, unpermute+combine), and the backward as the rest of the step.
+  ``moe layer kernels``: the fused-permute variant's forward+backward, kernel by kernel (PyTorch profiler; not with
+  ``--quick``): the top 15 kernels with their share of the step, and the GPU-idle share.
 - ``mamba3 adt``: the data-dependent-A region (mamba.num_heads(hidden_size) heads) at micro-batch 8, eager vs
   regional ``torch.compile``.
 """

@@ -126,6 +126,8 @@ MOE_LAYER_VARIANTS = {
     "grouped_mm experts": ("grouped", "megatron"),
     "grouped_mm experts + fused-permute dispatch": ("grouped", "fused-permute"),
 }
+# The variant the one-GPU recipes train with, whose step is also profiled kernel by kernel.
+PROFILED_MOE_VARIANT = "grouped_mm experts + fused-permute dispatch"
 
 
 def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
@@ -152,6 +154,8 @@ def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
         reference = reference if reference is not None else result
         if row.time_ms is not None:
             stage_rows.append(_moe_stage_row(f"moe layer stages ({sweep.moe_tokens} tokens)", variant, layer, step, ctx))
+            if variant == PROFILED_MOE_VARIANT and not ctx.quick:
+                stage_rows.append(_moe_kernel_row(f"moe layer kernels ({sweep.moe_tokens} tokens)", variant, step))
         del layer, step, result
         torch.cuda.empty_cache()
     return rows + stage_rows
@@ -167,6 +171,15 @@ MOE_STAGES = {
     "experts": ("experts.start", "experts.end"),
     "unpermute + combine": ("experts.end", "moe.end"),
 }
+
+
+def _moe_kernel_row(case: str, variant: str, step: Callable[[], tuple]) -> Row:
+    """The layer's forward+backward, kernel by kernel (PyTorch profiler, two steps): the top 15 kernels with their
+    share of the step and the GPU-idle share, to say which kernels stand between the layer and its FLOP floor."""
+    from nam56r_bench.profile_trace import profile_step
+
+    breakdown = profile_step(step, steps=2, count=15)
+    return Row(case, variant, time_ms=breakdown["step_ms"], extra={"profile": breakdown})
 
 
 def _moe_stage_row(case: str, variant: str, layer, step: Callable[[], tuple], ctx: Context) -> Row:

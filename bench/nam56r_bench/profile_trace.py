@@ -1,5 +1,6 @@
 """What a profiled training step spent its GPU time on, read from the PyTorch-profiler traces Megatron writes
-with ``--profile --use-pytorch-profiler``: ``rank-<r>.json.gz`` chrome traces in ``RunDir.torch_profile``.
+with ``--profile --use-pytorch-profiler``: ``rank-<r>.json.gz`` chrome traces in ``RunDir.torch_profile``; or,
+for a bench case, from a trace of a few calls of its step function profiled here (`profile_step`).
 
 - Top kernels: CUDA kernels by total time over the profiled steps, each with its share of those steps' wall
   time (ProfilerStep# annotations) and of all kernel time.
@@ -67,6 +68,26 @@ def profile_breakdown(trace_dir: Path, count: int = 10) -> dict:
             for name, us in totals.most_common(count)
         ],
     }
+
+
+def profile_step(step, steps: int = 2, count: int = 15) -> dict:
+    """`profile_breakdown` of `steps` calls of `step` (after one unprofiled warm-up call), profiled with the
+    PyTorch profiler in this process (CPU and CUDA activities)."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with tempfile.TemporaryDirectory(prefix="nam56r-bench-profile-") as tmp:
+        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
+            for _ in range(steps + 1):
+                step()
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                prof.step()
+        prof.export_chrome_trace(str(Path(tmp) / "rank-0.json.gz"))
+        return profile_breakdown(Path(tmp), count=count)
 
 
 def _union_length(intervals) -> float:

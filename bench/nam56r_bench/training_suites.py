@@ -159,6 +159,8 @@ def train_step(ctx: Context) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-train-") as tmp:
         for recipe in models(ctx):
             require_gpus(recipe)
+            if ctx.micro_batches and ctx.prewarm_mbs:  # the sizes named, compiled side by side before the runs
+                prewarm(recipe, ctx.micro_batches)
             for linear_ce in ctx.linear_ce or (None,):
                 for setting in recompute_settings(ctx) or (None,):
                     for mbs in ctx.micro_batches or (None,):

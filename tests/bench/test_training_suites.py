@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from nam56r_bench.harness import BenchError, Context
-from nam56r_bench.profile_trace import TRACE_GLOB, profile_breakdown
+from nam56r_bench.profile_trace import TRACE_GLOB, profile_breakdown, profile_step
 from nam56r_bench.training_suites import (
     CE_PATHS,
     LINEAR_CE_PATHS,
@@ -318,3 +318,32 @@ def test_the_microbatch_search_prewarms_each_model_before_its_first_try(tmp_path
     events.clear()
     training_suites.microbatch(Context(tmp_path, quick=False, models=("proxy",), linear_ce=("chunked",)))
     assert [event[0] for event in events] == ["train"]
+
+
+def test_a_bench_step_profiled_here_is_read_as_megatrons_traces_are() -> None:
+    """`profile_step` writes its trace where `profile_breakdown` reads it, with ProfilerStep# annotations; on a CPU
+    host the breakdown then finds no CUDA kernel and says so."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the kernels suite's profiled MoE row is the check")
+    weight = torch.randn(32, 32, requires_grad=True)
+    with pytest.raises(BenchError, match="holds no CUDA kernel"):
+        profile_step(lambda: (weight @ weight).sum().backward())
+
+
+def test_train_step_prewarms_the_sizes_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nam56r_bench import training_suites
+
+    events: list[tuple] = []
+    monkeypatch.setattr(training_suites, "require_gpu", lambda suite: None)
+    monkeypatch.setattr(training_suites, "require_gpus", lambda model: None)
+    monkeypatch.setattr(training_suites, "gemm_peak_tflops", lambda: 780.0)
+    monkeypatch.setattr(training_suites, "prewarm", lambda model, sizes: events.append(("prewarm", model, sizes)) or 1.0)
+    monkeypatch.setattr(training_suites, "_train_step_row", lambda model, mbs, *a, **kw: events.append(("train", model, mbs)))
+    training_suites.train_step(Context(tmp_path, quick=True, models=("proxy",), micro_batches=(2, 4), prewarm_mbs=(1, 2)))
+    assert events == [("prewarm", "proxy", (2, 4)), ("train", "proxy", 2), ("train", "proxy", 4)]
+    events.clear()
+    training_suites.train_step(Context(tmp_path, quick=True, models=("proxy",), micro_batches=(2,)))  # --prewarm-mbs none
+    training_suites.train_step(Context(tmp_path, quick=True, models=("proxy",), prewarm_mbs=(1, 2)))  # the recipe's size
+    assert events == [("train", "proxy", 2), ("train", "proxy", None)]
