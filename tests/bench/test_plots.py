@@ -54,7 +54,8 @@ def _microbatch_result() -> dict[str, Any]:
     return json.loads(json.dumps(result))
 
 
-@pytest.mark.parametrize("name", ["train-step", "train-step-2gpu", "compile-tax", "kernels", "tooling"])
+@pytest.mark.parametrize(
+    "name", ["train-step", "train-step-2gpu", "compile-tax", "kernels", "tooling", "microbatch", "microbatch-recompute"])
 def test_each_committed_suite_json_draws_a_png(tmp_path: Path, name: str) -> None:
     render(_committed(name), tmp_path / f"{name}.png")
     assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG
@@ -134,13 +135,19 @@ UP_TO_INITIALIZED = " + ".join(phase for phase, _ in PHASES[:4])  # launch to th
 
 
 def test_compile_tax_segments_split_the_first_step_time_at_megatrons_milestones() -> None:
+    """The committed rows split at every startup mark; without the marks (an older launcher) they split at Megatron's
+    milestones alone."""
     cold, warm = _committed("compile-tax")["rows"]
-    built = PHASES[4][0]
-    assert [phase for phase, _ in first_step_segments(cold)] == [UP_TO_INITIALIZED, built, FIRST_STEP_PHASE]
-    assert [round(s, 2) for _, s in first_step_segments(cold)] == [48.7, 2.5, 204.21]
-    assert [round(s, 2) for _, s in first_step_segments(warm)] == [54.8, 2.2, 13.86]
+    assert [phase for phase, _ in first_step_segments(cold)] == [phase for phase, _ in PHASES] + [REST_OF_STEP_PHASE]
+    assert [round(s, 1) for _, s in first_step_segments(warm)] == [7.1, 17.4, 0.0, 4.2, 2.7, 4.2, 4.1]
     for row in (cold, warm):
         assert sum(s for _, s in first_step_segments(row)) == pytest.approx(row["time_ms"] / 1e3)
+        marks_only = {**row, "extra": {k: v for k, v in row["extra"].items() if k != "startup_s"}}
+        built = PHASES[4][0]
+        assert [phase for phase, _ in first_step_segments(marks_only)] == [UP_TO_INITIALIZED, built, FIRST_STEP_PHASE]
+        assert sum(s for _, s in first_step_segments(marks_only)) == pytest.approx(row["time_ms"] / 1e3)
+    assert [round(s, 1) for _, s in first_step_segments({**cold, "extra": {"milestones_s": cold["extra"]["milestones_s"]}})] == [
+        26.2, 2.2, 188.7]
 
 
 def test_compile_tax_segments_split_at_the_startup_marks_too() -> None:
