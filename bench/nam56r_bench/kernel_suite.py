@@ -23,7 +23,9 @@ Cases (each size by the ModelConfig field it is read from):
   fp32 cross-entropy (core_v0.19.0) vs Megatron patch 0007/0008's chunked fused linear CE (Liger) vs
   ``nam56r_kernels.linear_cross_entropy`` (one MTP depth).
 - ``moe experts``: 32k tokens, top-(moe.topk) of moe.num_experts experts of FFN moe.expert_ffn,
-  forward+backward: the per-expert loop (SequentialMLP's computation) vs two grouped GEMMs.
+  forward+backward: the per-expert loop (SequentialMLP's computation) vs two grouped GEMMs, with the eager
+  activation and probs or the fused one (``nam56r_kernels.expert_activation``). ``moe expert activation``: that
+  activation and scale alone on the same rows, eager vs fused.
 - ``moe layer fwd+bwd (N tokens)``: one of NAM56R's MoE layers whole (pre-MLP norm, router with its aux loss,
   Megatron's token dispatcher and permutes, routed experts, shared expert of moe.shared_expert_ffn, residual;
   nam56r.model.model.build_moe_layer on the recipe backend) on N tokens as seq_length x N/seq_length sequences,
@@ -43,6 +45,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from nam56r_bench.case_measure import measure, relative_error
 from nam56r_bench.harness import ROOT, Context, Row, require_gpu
@@ -234,7 +237,33 @@ def moe_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row
 
     case = f"moe experts ({sweep.moe_tokens} tokens)"
     base, ref = measure(case, "reference (per-expert loop)", step(grouped_mlp_reference), ctx)
-    return [base, measure(case, "grouped_mm", step(grouped_mlp), ctx, reference=ref)[0]]
+    rows = [base, measure(case, "grouped_mm", step(grouped_mlp), ctx, reference=ref)[0],
+            measure(case, "grouped_mm + fused GELU x probs", step(partial(grouped_mlp, fused_activation=True)), ctx, reference=ref)[0]]
+    del ref
+    return rows + _expert_activation_rows(ctx, tokens, ffn)
+
+
+def _expert_activation_rows(ctx: Context, rows: int, ffn: int) -> list[Row]:
+    """The experts' activation and router-prob scale alone, forward+backward: eager (GELU, multiply by the fp32 probs,
+    cast) against `nam56r_kernels.expert_activation.scaled_gelu`."""
+    import torch
+    from nam56r_kernels.expert_activation import scaled_gelu, scaled_gelu_reference
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = (3 * torch.randn(rows, ffn, device="cuda", generator=g)).bfloat16().requires_grad_()
+    probs = torch.rand(rows, device="cuda", generator=g).requires_grad_()
+    grad = torch.randn(rows, ffn, device="cuda", generator=g).bfloat16()
+
+    def step(fn):
+        def run():
+            out = fn(h, probs)
+            return (out, *torch.autograd.grad(out, (h, probs), grad))
+
+        return run
+
+    case = f"moe expert activation ({rows} x {ffn})"
+    base, ref = measure(case, "reference (eager GELU, probs, cast)", step(scaled_gelu_reference), ctx)
+    return [base, measure(case, "fused (scaled_gelu)", step(scaled_gelu), ctx, reference=ref)[0]]
 
 
 def mamba_region_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:

@@ -120,14 +120,15 @@ def _layers_step(layers: list, batch: int, seq: int, begin_pass: Callable[[], No
     return step
 
 
-# (routed experts, MoEConfig.dispatch) of each `moe layer` variant, the baseline first.
+# (routed experts, MoEConfig.dispatch, MoEConfig.expert_activation) of each `moe layer` variant, the baseline first.
 MOE_LAYER_VARIANTS = {
-    "upstream: Megatron local (SequentialMLP experts)": ("sequential", "megatron"),
-    "grouped_mm experts": ("grouped", "megatron"),
-    "grouped_mm experts + fused-permute dispatch": ("grouped", "fused-permute"),
+    "upstream: Megatron local (SequentialMLP experts)": ("sequential", "megatron", "eager"),
+    "grouped_mm experts": ("grouped", "megatron", "eager"),
+    "grouped_mm experts + fused-permute dispatch": ("grouped", "fused-permute", "eager"),
+    "grouped_mm experts + fused-permute dispatch + fused activation": ("grouped", "fused-permute", "fused"),
 }
-# The variant the one-GPU recipes train with, whose step is also profiled kernel by kernel.
-PROFILED_MOE_VARIANT = "grouped_mm experts + fused-permute dispatch"
+# The variant the one-GPU recipes train with and the candidate after it: their steps are also profiled kernel by kernel.
+PROFILED_MOE_VARIANTS = ("grouped_mm experts + fused-permute dispatch", "grouped_mm experts + fused-permute dispatch + fused activation")
 
 
 def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
@@ -141,8 +142,8 @@ def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
     config, backend = get_preset(shapes.preset), resolve_backend("auto")
     case = f"moe layer fwd+bwd ({sweep.moe_tokens} tokens)"
     rows, stage_rows, reference, weights = [], [], None, None
-    for variant, (experts, dispatch) in MOE_LAYER_VARIANTS.items():
-        variant_config = replace(config, moe=replace(config.moe, dispatch=dispatch))
+    for variant, (experts, dispatch, activation) in MOE_LAYER_VARIANTS.items():
+        variant_config = replace(config, moe=replace(config.moe, dispatch=dispatch, expert_activation=activation))
         layer = build_moe_layer(variant_config, backend, device="cuda", params_dtype=torch.bfloat16, experts=experts)
         if weights is None:
             weights = as_trained(layer).state_dict()
@@ -154,7 +155,7 @@ def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
         reference = reference if reference is not None else result
         if row.time_ms is not None:
             stage_rows.append(_moe_stage_row(f"moe layer stages ({sweep.moe_tokens} tokens)", variant, layer, step, ctx))
-            if variant == PROFILED_MOE_VARIANT and not ctx.quick:
+            if variant in PROFILED_MOE_VARIANTS and not ctx.quick:
                 stage_rows.append(_moe_kernel_row(f"moe layer kernels ({sweep.moe_tokens} tokens)", variant, step))
         del layer, step, result
         torch.cuda.empty_cache()

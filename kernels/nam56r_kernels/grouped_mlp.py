@@ -34,6 +34,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from nam56r_kernels.expert_activation import scaled_gelu
+
 __all__ = ["grouped_mlp", "grouped_mlp_reference"]
 
 _STRIDE_ALIGN_BYTES = 16
@@ -96,12 +98,18 @@ def grouped_mlp(
     tokens_per_expert: torch.Tensor,
     activation: Callable[[torch.Tensor], torch.Tensor],
     per_token_scale: torch.Tensor | None = None,
+    fused_activation: bool = False,
 ) -> torch.Tensor:
     """All experts' MLPs with two ``grouped_mm`` calls; differentiable in x, both weights and the scale.
 
     Shapes, dtypes and devices as in the module docstring; raises ValueError naming the offending shape.
+    ``fused_activation``: the activation and the scale in one Triton pass each way
+    (``nam56r_kernels.expert_activation.scaled_gelu``, the same rounding); needs ``F.gelu`` and a scale.
     """
     _check_inputs(x, fc1_weight, fc2_weight, tokens_per_expert, per_token_scale)
+    if fused_activation and (activation is not F.gelu or per_token_scale is None):
+        raise ValueError(f"fused_activation needs activation F.gelu and a per_token_scale, got {activation!r} and "
+                         f"{'a scale' if per_token_scale is not None else 'no scale'}; use fused_activation=False")
     hidden, ffn = x.shape[1], fc1_weight.shape[1]
     align = _STRIDE_ALIGN_BYTES // x.element_size()
     if hidden % align or ffn % align:
@@ -112,9 +120,12 @@ def grouped_mlp(
     offs = torch.cumsum(tokens_per_expert.to(device=x.device), dim=0, dtype=torch.int32)
     # grouped_mm's 2d x 3d form takes the second operand as [E, K, N]: the weights' [E, out, in] transposed.
     intermediate = F.grouped_mm(x, fc1_weight.transpose(1, 2), offs=offs)
-    intermediate = activation(_ContiguousGrad.apply(intermediate))
-    if per_token_scale is not None:
-        intermediate = (intermediate * per_token_scale.unsqueeze(-1)).to(intermediate.dtype)
+    if fused_activation:
+        intermediate = scaled_gelu(intermediate, per_token_scale)
+    else:
+        intermediate = activation(_ContiguousGrad.apply(intermediate))
+        if per_token_scale is not None:
+            intermediate = (intermediate * per_token_scale.unsqueeze(-1)).to(intermediate.dtype)
     out = F.grouped_mm(intermediate, fc2_weight.transpose(1, 2), offs=offs)
     return _ContiguousGrad.apply(out)
 

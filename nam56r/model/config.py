@@ -19,6 +19,9 @@ DSA_INDEXER_PATHS: tuple[str, ...] = get_args(DSAIndexerPath)
 # How a MoE layer's tokens reach its experts (MoEConfig.dispatch).
 MoEDispatch = Literal["megatron", "fused-permute"]
 MOE_DISPATCH_PATHS: tuple[str, ...] = get_args(MoEDispatch)
+# How the routed experts apply their activation and router-prob scale (MoEConfig.expert_activation).
+ExpertActivation = Literal["eager", "fused"]
+EXPERT_ACTIVATION_PATHS: tuple[str, ...] = get_args(ExpertActivation)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,9 @@ class MoEConfig:
     # parallel rank's dispatch without sorts, atomics or host syncs (nam56r.model.moe_dispatch; EP = 1 only).
     # The model's default is Megatron's; the recipes name the path they train with (nam56r.training.recipe).
     dispatch: MoEDispatch = "megatron"
+    # How it runs: "eager", GELU, then the router-prob scale and a cast (Megatron's MLP); "fused", both in one Triton
+    # pass each way with the same rounding (nam56r_kernels.expert_activation; our grouped experts on the local backend).
+    expert_activation: ExpertActivation = "eager"
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,11 @@ class ModelConfig:
             )
         if self.moe.dispatch not in MOE_DISPATCH_PATHS:
             problems.append(f"moe.dispatch {self.moe.dispatch!r} must be one of {', '.join(map(repr, MOE_DISPATCH_PATHS))}")
+        if self.moe.expert_activation not in EXPERT_ACTIVATION_PATHS:
+            problems.append(f"moe.expert_activation {self.moe.expert_activation!r} must be one of "
+                            f"{', '.join(map(repr, EXPERT_ACTIVATION_PATHS))}")
+        elif self.moe.expert_activation == "fused" and self.moe.gated:
+            problems.append("moe.expert_activation 'fused' is the non-gated experts' GELU; gated experts need 'eager'")
         if self.full_attention_every < 1:
             problems.append(f"full_attention_every {self.full_attention_every} must be positive")
         if self.index_cache.share_group < 1:

@@ -46,6 +46,8 @@ class GroupedMLPExperts(SequentialMLP):
     -> (output [T, H] in the hidden states' dtype, None), as ``SequentialMLP.forward`` returns.
     Tokens are permuted so each local expert's are contiguous; the probs are applied after the
     activation, before fc2 (or on the input with ``moe_apply_probs_on_input``), as ``MLP`` does.
+    ``fused_activation`` (``MoEConfig.expert_activation="fused"``) applies GELU and the probs in one Triton pass
+    each way (``nam56r_kernels.expert_activation``), with the same rounding.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class GroupedMLPExperts(SequentialMLP):
         submodules: MLPSubmodules,
         pg_collection: ProcessGroupCollection | None = None,
         name: str | None = None,
+        fused_activation: bool = False,
     ):
         if pg_collection is None:
             raise ValueError("GroupedMLPExperts needs pg_collection (its ep, expt_tp and expt_dp groups), got None")
@@ -65,7 +68,11 @@ class GroupedMLPExperts(SequentialMLP):
                 + "; ".join(unsupported)
                 + ". Use Megatron's SequentialMLP (or TE's grouped experts) for these."
             )
+        if fused_activation and config.activation_func is not torch.nn.functional.gelu:
+            raise ValueError(f"GroupedMLPExperts' fused activation is GELU's; config.activation_func is {config.activation_func!r}: "
+                             "use moe.expert_activation='eager'")
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)
+        self.fused_activation = fused_activation
 
     def forward(
         self,
@@ -91,5 +98,6 @@ class GroupedMLPExperts(SequentialMLP):
             tokens_per_expert,
             self.local_experts[0].activation_func,
             per_token_scale=permuted_probs,
+            fused_activation=self.fused_activation,
         )
         return output, None

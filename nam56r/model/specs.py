@@ -45,7 +45,7 @@ from megatron.core.transformer.transformer_layer import MoETransformerLayer, Tra
 from nam56r_kernels.index_cache import IndexCachePlan, TopkCache
 
 from nam56r.model.backend import Backend, resolve_backend  # noqa: F401 - resolve_backend is part of this module's API
-from nam56r.model.config import ModelConfig
+from nam56r.model.config import ExpertActivation, ModelConfig
 from nam56r.model.dsa_index_cache import IndexCacheDSAttention
 from nam56r.model.local_layers import DuplicatedLinear, LatentSDPAttention
 from nam56r.model.mamba3_mixer import Mamba3Mixer
@@ -61,7 +61,10 @@ MOE_EXPERTS: tuple[MoEExperts, ...] = ("grouped", "sequential")
 class _BackendModules:
     """The module classes of one backend."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, expert_activation: ExpertActivation = "eager") -> None:
+        if expert_activation != "eager" and backend != "local":
+            raise ValueError(f"moe.expert_activation {expert_activation!r} runs in our grouped experts on the local backend; "
+                             f"backend {backend!r} has its own experts: use expert_activation='eager'")
         if backend == "te":
             from megatron.core.extensions.transformer_engine import (
                 TEColumnParallelLinear,
@@ -78,17 +81,21 @@ class _BackendModules:
         else:
             self.norm, self.column, self.row = WrappedTorchNorm, ColumnParallelLinear, RowParallelLinear
             self.down_proj, self.duplicated, self.core_attention = ColumnParallelLinear, DuplicatedLinear, LatentSDPAttention
-            self.provider, self.grouped_gemm = _LocalGroupedExpertsProvider(), True
+            self.provider, self.grouped_gemm = _LocalGroupedExpertsProvider(fused_activation=expert_activation == "fused"), True
 
 
 class _LocalGroupedExpertsProvider(LocalSpecProvider):
     """Megatron's local modules, with grouped-GEMM experts that need no TransformerEngine."""
 
+    def __init__(self, fused_activation: bool = False) -> None:
+        super().__init__()
+        self.fused_activation = fused_activation
+
     def grouped_mlp_modules(self, moe_use_grouped_gemm: bool):
         if not moe_use_grouped_gemm:
             return super().grouped_mlp_modules(moe_use_grouped_gemm)
         sequential = super().grouped_mlp_modules(False)  # SequentialMLP with the local linears and activation
-        return partial(GroupedMLPExperts, *sequential.args, **sequential.keywords)
+        return partial(GroupedMLPExperts, *sequential.args, **sequential.keywords, fused_activation=self.fused_activation)
 
 
 def _mla_layer(modules: _BackendModules) -> ModuleSpec:
@@ -162,7 +169,7 @@ def moe_layer_spec(config: ModelConfig, backend: Backend, experts: MoEExperts = 
     expert; residual add) on `backend`, with `experts` as its routed experts."""
     if experts not in MOE_EXPERTS:
         raise ValueError(f"experts must be one of {MOE_EXPERTS}, got {experts!r}")
-    modules = _BackendModules(backend)
+    modules = _BackendModules(backend, config.moe.expert_activation)
     moe = get_moe_module_spec_for_backend(
         backend=modules.provider, num_experts=config.moe.num_experts, moe_grouped_gemm=modules.grouped_gemm and experts == "grouped"
     )
@@ -178,7 +185,7 @@ def hybrid_stack_spec(
     config: ModelConfig, backend: Backend, *, index_cache_plan: IndexCachePlan | None = None, topk_cache: TopkCache | None = None
 ) -> ModuleSpec:
     """The HybridStack spec for `config` on `backend` (IndexCache wired in when a plan is given)."""
-    modules = _BackendModules(backend)
+    modules = _BackendModules(backend, config.moe.expert_activation)
     mla = _mla_layer(modules)
     return ModuleSpec(
         module=HybridStack,

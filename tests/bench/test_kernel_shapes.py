@@ -169,13 +169,15 @@ def test_the_moe_layer_cases_run_the_sweeps_tokens_as_whole_sequences() -> None:
 def test_the_moe_layer_cases_compare_megatrons_sequential_experts_with_ours(megatron_built) -> None:
     from nam56r_bench.harness import BASELINE_PREFIXES
     from nam56r_bench.kernel_suite import CASES
-    from nam56r_bench.layer_cases import MOE_LAYER_VARIANTS, moe_layer_cases
+    from nam56r_bench.layer_cases import MOE_LAYER_VARIANTS, PROFILED_MOE_VARIANTS, moe_layer_cases
 
-    from nam56r.model.config import MOE_DISPATCH_PATHS
+    from nam56r.model.config import EXPERT_ACTIVATION_PATHS, MOE_DISPATCH_PATHS
     from nam56r.model.specs import MOE_EXPERTS
 
     assert moe_layer_cases in CASES
-    assert {experts for experts, _ in MOE_LAYER_VARIANTS.values()} == set(MOE_EXPERTS)
-    assert {dispatch for _, dispatch in MOE_LAYER_VARIANTS.values()} == set(MOE_DISPATCH_PATHS)
-    assert [v.startswith(BASELINE_PREFIXES) for v in MOE_LAYER_VARIANTS] == [True, False, False]  # the first is the baseline
-    assert MOE_LAYER_VARIANTS[next(iter(MOE_LAYER_VARIANTS))] == ("sequential", "megatron")  # Megatron's layer as it ships
+    assert {experts for experts, _, _ in MOE_LAYER_VARIANTS.values()} == set(MOE_EXPERTS)
+    assert {dispatch for _, dispatch, _ in MOE_LAYER_VARIANTS.values()} == set(MOE_DISPATCH_PATHS)
+    assert {activation for _, _, activation in MOE_LAYER_VARIANTS.values()} == set(EXPERT_ACTIVATION_PATHS)
+    assert [v.startswith(BASELINE_PREFIXES) for v in MOE_LAYER_VARIANTS] == [True, False, False, False]  # the first is the baseline
+    assert MOE_LAYER_VARIANTS[next(iter(MOE_LAYER_VARIANTS))] == ("sequential", "megatron", "eager")  # Megatron's layer as it ships
+    assert set(PROFILED_MOE_VARIANTS) <= set(MOE_LAYER_VARIANTS)

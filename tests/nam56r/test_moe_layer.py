@@ -155,3 +155,51 @@ def test_the_fused_permute_dispatcher_refuses_what_it_does_not_cover(megatron_bu
     with pytest.raises(RecipeError, match="moe_dispatch 'fused-permute' dispatches on one expert-parallel rank; ep=2"):
         get_recipe("h200x2-ep2", moe_dispatch="fused-permute", kernels=False)
     assert get_recipe("proxy-1gpu", moe_dispatch="fused-permute", kernels=False).model_config().moe.dispatch == "fused-permute"
+
+
+FUSED_ACTIVATION_SCRIPT = """
+from dataclasses import replace
+import torch
+from nam56r.model.model import build_moe_layer
+from nam56r.model.presets import get_preset
+from tests.nam56r.test_moe_layer import TOKENS, step
+
+config = get_preset("nam56r-tiny")
+torch.manual_seed(0)
+eager = build_moe_layer(config, "local", experts="grouped")
+for dispatch in ("megatron", "fused-permute"):
+    fused_config = replace(config, moe=replace(config.moe, dispatch=dispatch, expert_activation="fused"))
+    fused = build_moe_layer(fused_config, "local", experts="grouped")
+    assert fused.mlp.experts.fused_activation and not eager.mlp.experts.fused_activation
+    fused.load_state_dict(eager.state_dict(), strict=True)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(*TOKENS, config.hidden_size, generator=g)
+    grad_out = torch.randn(*TOKENS, config.hidden_size, generator=g)
+    want, got = step(eager, x, grad_out), step(fused, x, grad_out)
+    for name, a, b in (("output", got[0], want[0]), ("input grad", got[1], want[1]), *((n, got[2][n], r) for n, r in want[2].items())):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    print("fused activation ok", dispatch)
+"""
+
+
+def test_the_fused_expert_activation_gives_the_eager_layers_output_and_gradients(run_interpreted, megatron_built) -> None:
+    """`MoEConfig.expert_activation="fused"` (its Triton kernel under the interpreter) in the real layer, on both
+    dispatch paths: same weights, same output, input gradient and every parameter gradient in fp32 as the eager
+    activation and scale."""
+    stdout = run_interpreted(FUSED_ACTIVATION_SCRIPT, timeout=600)
+    assert stdout.count("fused activation ok") == 2, stdout
+
+
+def test_the_fused_expert_activation_is_refused_where_it_cannot_run(megatron_built) -> None:
+    from dataclasses import replace
+
+    from nam56r.model.model import build_moe_layer
+    from nam56r.model.presets import get_preset
+
+    config = get_preset("nam56r-tiny")
+    with pytest.raises(ValueError, match="expert_activation 'fused' is the non-gated experts' GELU"):
+        replace(config, moe=replace(config.moe, gated=True, expert_activation="fused")).validate()
+    with pytest.raises(ValueError, match="must be one of 'eager', 'fused'"):
+        replace(config, moe=replace(config.moe, expert_activation="compiled")).validate()
+    with pytest.raises(ValueError, match="runs in our grouped experts on the local backend"):
+        build_moe_layer(replace(config, moe=replace(config.moe, expert_activation="fused")), "te", experts="grouped")
