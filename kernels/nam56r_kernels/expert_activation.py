@@ -30,8 +30,8 @@ __all__ = ["scaled_gelu", "scaled_gelu_reference"]
 
 _BLOCK_ROWS = 8
 _BLOCK_COLS = 256
-_INV_SQRT2 = 0.7071067811865476
-_INV_SQRT_2PI = 0.3989422804014327
+_INV_SQRT2 = tl.constexpr(0.7071067811865476)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
 def scaled_gelu_reference(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ HOPPER = ("cuda", 90, 32)
 
 
 def _kernels():
-    from nam56r_kernels import dsa_indexer, linear_cross_entropy, moe_permute
+    from nam56r_kernels import dsa_indexer, expert_activation, linear_cross_entropy, moe_permute
 
     scores = {"q_ptr": "*bf16", "k_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "sq": "i32", "sk": "i32",
               **{name: "i64" for name in ("stride_qs", "stride_qb", "stride_qh", "stride_ks", "stride_kb", "stride_ws",
@@ -20,8 +20,13 @@ def _kernels():
     rows = {"src_ptr": "*bf16", "out_ptr": "*bf16", "rows_ptr": "*i32", "hidden": "i32"}
     cross_entropy = {"logits_ptr": "*bf16", "labels_ptr": "*i64", "weights_ptr": "*fp32", "loss_ptr": "*fp32",
                      "predictions_ptr": "*i64", "vocab": "i32", "stride_row": "i64", "ignore_index": "i32"}
+    activation = {"h_ptr": "*bf16", "scale_ptr": "*fp32", "out_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32"}
+    activation_bwd = {"grad_ptr": "*bf16", "h_ptr": "*bf16", "scale_ptr": "*fp32", "grad_h_ptr": "*bf16",
+                      "grad_scale_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32"}
+    blocks = {"PRODUCT_FP32": True, "BLOCK_ROWS": expert_activation._BLOCK_ROWS, "BLOCK_COLS": expert_activation._BLOCK_COLS}
     # (kernel, signature, compile-time values): NAM56R's indexer (32 heads x 64, relu, causal), its select over 4096
-    # keys keeping the top-256 and, in the dense warm-up, all 4096; the MoE permute at hidden 4096 and 16 experts.
+    # keys keeping the top-256 and, in the dense warm-up, all 4096; the MoE permute at hidden 4096 and 16 experts;
+    # the experts' activation on bf16 with fp32 probs.
     return {
         "index scores": (dsa_indexer._index_scores_kernel, scores,
                          {"HEADS": 32, "DIM": 64, "BLOCK_M": dsa_indexer._SCORE_BLOCK_M, "BLOCK_N": dsa_indexer._SCORE_BLOCK_N,
@@ -32,11 +37,14 @@ def _kernels():
                                {"BLOCK": linear_cross_entropy._ROW_BLOCK}),
         "moe copy to rows": (moe_permute._copy_to_rows_kernel, rows, {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H}),
         "moe sum rows": (moe_permute._sum_rows_kernel, rows, {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H}),
+        "expert activation forward": (expert_activation._scaled_gelu_fwd, activation, blocks),
+        "expert activation backward": (expert_activation._scaled_gelu_bwd, activation_bwd, blocks),
     }
 
 
 @pytest.mark.parametrize("name", ["index scores", "top-256 select", "dense warm-up select", "cross-entropy rows",
-                                  "moe copy to rows", "moe sum rows"])
+                                  "moe copy to rows", "moe sum rows", "expert activation forward",
+                                  "expert activation backward"])
 def test_the_kernel_compiles_for_hopper(name: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
