@@ -96,15 +96,21 @@ def _gelu(h):
 
 
 @triton.jit
-def _scaled_gelu_fwd(h_ptr, scale_ptr, out_ptr, n_rows, n_cols, PRODUCT_FP32: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                     BLOCK_COLS: tl.constexpr):
-    dtype = out_ptr.dtype.element_ty
+def _row_block(scale_ptr, n_rows, n_cols, dtype: tl.constexpr, PRODUCT_FP32: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """This program's rows: (their indices, which are in range, their scale as the product sees it, their offsets)."""
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_in = rows < n_rows
     scale = tl.load(scale_ptr + rows, mask=row_in, other=0.0).to(tl.float32)
     if not PRODUCT_FP32:
         scale = scale.to(dtype).to(tl.float32)
-    base = rows.to(tl.int64)[:, None] * n_cols
+    return rows, row_in, scale, rows.to(tl.int64)[:, None] * n_cols
+
+
+@triton.jit
+def _scaled_gelu_fwd(h_ptr, scale_ptr, out_ptr, n_rows, n_cols, PRODUCT_FP32: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                     BLOCK_COLS: tl.constexpr):
+    dtype = out_ptr.dtype.element_ty
+    rows, row_in, scale, base = _row_block(scale_ptr, n_rows, n_cols, dtype, PRODUCT_FP32, BLOCK_ROWS)
     for start in range(0, n_cols, BLOCK_COLS):
         cols = start + tl.arange(0, BLOCK_COLS)
         mask = row_in[:, None] & (cols < n_cols)[None, :]
@@ -117,12 +123,7 @@ def _scaled_gelu_fwd(h_ptr, scale_ptr, out_ptr, n_rows, n_cols, PRODUCT_FP32: tl
 def _scaled_gelu_bwd(grad_ptr, h_ptr, scale_ptr, grad_h_ptr, grad_scale_ptr, n_rows, n_cols, PRODUCT_FP32: tl.constexpr,
                      BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
     dtype = grad_h_ptr.dtype.element_ty
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    row_in = rows < n_rows
-    scale = tl.load(scale_ptr + rows, mask=row_in, other=0.0).to(tl.float32)
-    if not PRODUCT_FP32:
-        scale = scale.to(dtype).to(tl.float32)
-    base = rows.to(tl.int64)[:, None] * n_cols
+    rows, row_in, scale, base = _row_block(scale_ptr, n_rows, n_cols, dtype, PRODUCT_FP32, BLOCK_ROWS)
     grad_scale = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK_COLS):
         cols = start + tl.arange(0, BLOCK_COLS)
