@@ -104,7 +104,7 @@ def grouped_mlp(
 
     Shapes, dtypes and devices as in the module docstring; raises ValueError naming the offending shape.
     ``fused_activation``: the activation and the scale in one Triton pass each way
-    (``nam56r_kernels.expert_activation.scaled_gelu``, the same rounding); needs ``F.gelu`` and a scale.
+    (``nam56r_kernels.expert_activation.scaled_gelu``, the same rounding steps); needs ``F.gelu`` and a scale.
     """
     _check_inputs(x, fc1_weight, fc2_weight, tokens_per_expert, per_token_scale)
     if fused_activation and (activation is not F.gelu or per_token_scale is None):

@@ -99,7 +99,7 @@ class MoEConfig:
     # The model's default is Megatron's; the recipes name the path they train with (nam56r.training.recipe).
     dispatch: MoEDispatch = "megatron"
     # How it runs: "eager", GELU, then the router-prob scale and a cast (Megatron's MLP); "fused", both in one Triton
-    # pass each way with the same rounding (nam56r_kernels.expert_activation; our grouped experts on the local backend).
+    # pass each way with the same rounding steps (nam56r_kernels.expert_activation; our grouped experts, local backend).
     expert_activation: ExpertActivation = "eager"
 
 

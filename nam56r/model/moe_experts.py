@@ -47,7 +47,7 @@ class GroupedMLPExperts(SequentialMLP):
     Tokens are permuted so each local expert's are contiguous; the probs are applied after the
     activation, before fc2 (or on the input with ``moe_apply_probs_on_input``), as ``MLP`` does.
     ``fused_activation`` (``MoEConfig.expert_activation="fused"``) applies GELU and the probs in one Triton pass
-    each way (``nam56r_kernels.expert_activation``), with the same rounding.
+    each way (``nam56r_kernels.expert_activation``), with the same rounding steps.
     """
 
     def __init__(
