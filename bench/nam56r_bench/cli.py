@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from nam56r.training.arg_types import positive_int
 from nam56r_bench.harness import ROOT, BenchError, Context, stamp, write_suite
 from nam56r_bench.plots import render
 from nam56r_bench.suites import SUITES
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", action="append", choices=sorted(RECIPES), dest="models", default=[],
                         help="a model the training suites (train-step, microbatch) run; repeat for several "
                              "(default: the one-GPU models, the proxy alone with --quick)")
-    parser.add_argument("--mbs", action="append", type=_positive_int, dest="micro_batches", default=[],
+    parser.add_argument("--mbs", action="append", type=positive_int, dest="micro_batches", default=[],
                         help="a micro-batch size the train-step suite runs each model at (global batch = micro-batch x the "
                              "model's GPUs: one micro-batch per rank and step); repeat for several (default: each recipe's own)")
     parser.add_argument("--recompute", action="append", type=_recompute_setting, default=[], metavar="SETTING",
@@ -69,21 +70,9 @@ def _recompute_setting(text: str) -> str:
 
 
 def _prewarm_sizes(text: str) -> tuple[int, ...]:
-    from nam56r.training.kernel_prewarm import parse_sizes
+    from nam56r.training.kernel_prewarm import sizes_argument
 
-    if text == "none":
-        return ()
-    try:
-        return parse_sizes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+    return () if text == "none" else sizes_argument(text)
 
 
 def _has_gpu() -> bool:

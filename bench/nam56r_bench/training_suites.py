@@ -244,7 +244,7 @@ def microbatch(ctx: Context) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="nam56r-bench-mbs-") as tmp:
         for recipe in models(ctx):
             require_gpus(recipe)
-            prewarm_s = prewarm(recipe, ctx.prewarm_mbs) if ctx.prewarm_mbs else None
+            warmed = {"micro_batches": list(ctx.prewarm_mbs), "seconds": prewarm(recipe, ctx.prewarm_mbs) if ctx.prewarm_mbs else None}
             for side, (variant, options) in enumerate(microbatch_variants(ctx).items()):
                 def try_mbs(mbs: int, recipe: str = recipe, side: int = side, variant: str = variant,
                             options: tuple[str, ...] = options) -> dict:
@@ -253,7 +253,6 @@ def microbatch(ctx: Context) -> list[Row]:
                     return result
 
                 fits, tried = largest_micro_batch(try_mbs, quick=ctx.quick, capacity_gib=capacity)
-                warmed = {"micro_batches": list(ctx.prewarm_mbs), "seconds": prewarm_s}
                 rows.append(Row(f"{recipe} seq 4096", variant, extra={"largest_micro_batch": fits, "tried": tried, "prewarm": warmed}))
     return rows
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from nam56r.training.arg_types import positive_int
 from nam56r.training.run_dir import RunDir
 
 
@@ -77,9 +79,7 @@ def summarize_difference(difference: list[tuple[int, float]]) -> DifferenceSumma
     if len(half) < 2:
         return None
     values = [value for _, value in half]
-    mean = sum(values) / len(values)
-    variance = sum((value - mean) ** 2 for value in values) / (len(values) - 1)
-    return DifferenceSummary(half[0][0], half[-1][0], mean, (variance / len(values)) ** 0.5)
+    return DifferenceSummary(half[0][0], half[-1][0], statistics.fmean(values), statistics.stdev(values) / len(values) ** 0.5)
 
 
 def plot_runs(runs: list[RunCurves], path: Path, window: int = 25) -> None:
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("summaries", type=Path, nargs="+", help="summary.json of each run (nam56r.training.runlog writes it)")
     parser.add_argument("--labels", nargs="+", help="one legend label per run (default: each run's folder name)")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
-    parser.add_argument("--window", type=_positive_int, default=25, help="steps in the difference's moving mean (default: 25)")
+    parser.add_argument("--window", type=positive_int, default=25, help="steps in the difference's moving mean (default: 25)")
     args = parser.parse_args(argv)
     labels = args.labels or [path.parent.name for path in args.summaries]
     if len(labels) != len(args.summaries):
@@ -142,13 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     plot_runs(runs, args.out, args.window)
     print(f"wrote {args.out}")
     return 0
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 if __name__ == "__main__":

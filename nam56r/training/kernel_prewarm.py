@@ -29,6 +29,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
+from nam56r.training.arg_types import positive_int
+
 # (module, factory) for each MIMO kernel factory whose arguments include the static batch `B`.
 MIMO_FACTORIES = (
     ("mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_fwd", "mamba_mimo_fwd"),
@@ -94,14 +96,16 @@ class _Recorder:
 def recording(calls: list[FactoryCall], factories: Sequence[tuple[str, str]] = MIMO_FACTORIES) -> Iterator[list[FactoryCall]]:
     """Within the block, mamba's wrappers reach `factories` through recorders that append to `calls` and compile
     nothing (the wrappers look the factories up as module globals at each call)."""
-    modules = [(importlib.import_module(module), module, name) for module, name in factories]
-    originals = [(mod, name, getattr(mod, name)) for mod, _, name in modules]
+    replaced = []
     try:
-        for mod, module, name in modules:
-            setattr(mod, name, _Recorder(module, name, getattr(mod, name), calls))
+        for module, name in factories:
+            mod = importlib.import_module(module)
+            real = getattr(mod, name)
+            setattr(mod, name, _Recorder(module, name, real, calls))
+            replaced.append((mod, name, real))
         yield calls
     finally:
-        for mod, name, real in originals:
+        for mod, name, real in replaced:
             setattr(mod, name, real)
 
 
@@ -192,13 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the recipe whose shapes to compile for (default proxy-1gpu)")
     parser.add_argument("--model", choices=sorted(PRESETS), help="model preset, as the launcher's --model")
     parser.add_argument("--seq", type=int, dest="seq_length", help="sequence length, as the launcher's --seq (default: the recipe's)")
-    parser.add_argument("--mbs", type=_sizes, required=True, metavar="SIZES",
+    parser.add_argument("--mbs", type=sizes_argument, required=True, metavar="SIZES",
                         help="micro-batch sizes per GPU to compile for: numbers and inclusive ranges, e.g. 1-12 or 2,4,8")
-    parser.add_argument("--jobs", type=int, help="compile processes (default: one per CPU, at most one per kernel)")
+    parser.add_argument("--jobs", type=positive_int, help="compile processes (default: one per CPU, at most one per kernel)")
     return parser
 
 
-def _sizes(text: str) -> tuple[int, ...]:
+def sizes_argument(text: str) -> tuple[int, ...]:
+    """`parse_sizes` as an argparse type: a bad list is a usage error."""
     try:
         return parse_sizes(text)
     except ValueError as exc:
@@ -209,9 +214,6 @@ def main(argv: list[str] | None = None) -> int:
     from nam56r.training.recipe import get_recipe
 
     args = build_parser().parse_args(argv)
-    if args.jobs is not None and args.jobs < 1:
-        print("kernel_prewarm: --jobs must be at least 1", file=sys.stderr)
-        return 2
     model = get_recipe(args.recipe, kernels=False, model=args.model, seq_length=args.seq_length).model_config()
     start = time.perf_counter()
     try:
