@@ -202,7 +202,8 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
 
 
 # The recipe fields a train-step row names (recipe.json's keys).
-RUN_SETTINGS = ("micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "index_cache", "recompute", "backend")
+RUN_SETTINGS = ("micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "expert_activation", "index_cache", "recompute",
+                "backend")
 
 
 def run_settings(run_dir: Path) -> dict:

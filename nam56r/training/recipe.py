@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar, Literal, get_args
 
-from nam56r.model.config import DSAIndexerPath, ModelConfig, MoEDispatch, Precision
+from nam56r.model.config import DSAIndexerPath, ExpertActivation, ModelConfig, MoEDispatch, Precision
 from nam56r.model.presets import PRESETS, get_preset
 from nam56r.training.phases import DsaPhases
 from nam56r.training.recall_probe import RecallSchedule
@@ -115,6 +115,10 @@ class Recipe:
     # MoEConfig.dispatch: "fused-permute" (nam56r.model.moe_dispatch, one expert-parallel rank only) is faster over
     # a whole MoE layer than Megatron's token dispatcher, "megatron", which recipes with ep > 1 name.
     moe_dispatch: MoEDispatch = "fused-permute"
+    # MoEConfig.expert_activation of the local backend's grouped experts: "fused" (GELU and the router-prob scale in
+    # one Triton pass each way, nam56r_kernels.expert_activation) is faster than "eager" at NAM56R's expert shape.
+    # None: "fused" on the local backend; the te backend's grouped experts run TE's own activation ("eager" here).
+    expert_activation: ExpertActivation | None = None
     # DSA: dense indexer warm-up for the first N steps, then sparse (nam56r.model.dsa_warmup)
     dsa_phases: DsaPhases = field(default_factory=DsaPhases)
     # DSA: log one layer's indexer recall against dense attention every N steps (nam56r.training.recall_probe); 0: off
@@ -138,17 +142,28 @@ class Recipe:
     def data_parallel(self) -> int:
         return self.world_size // (self.tp * self.pp)
 
-    def model_config(self) -> ModelConfig:
+    def expert_activation_on(self, backend: str) -> ExpertActivation:
+        """The MoE experts' activation path on the resolved layer backend ("local" or "te")."""
+        if self.expert_activation is None:
+            return "fused" if backend == "local" else "eager"
+        if self.expert_activation == "fused" and backend != "local":
+            raise RecipeError(self.name, [f"expert_activation 'fused' runs in our grouped experts on the local backend; "
+                                          f"the {backend} backend's experts have their own (--expert-activation eager)"])
+        return self.expert_activation
+
+    def model_config(self, backend: str | None = None) -> ModelConfig:
         """The model this recipe trains: the preset with the recipe's sequence length, precision, IndexCache,
-        DSA indexer and Mamba-3 recompute."""
+        DSA indexer, MoE dispatch and Mamba-3 recompute, and, given the resolved layer `backend`, its experts'
+        activation path (without it, the preset's)."""
         base = get_preset(self.model)
+        activation = self.expert_activation_on(backend) if backend else base.moe.expert_activation
         return replace(
             base,
             seq_length=self.seq_length or base.seq_length,
             precision=self.precision,
             index_cache=replace(base.index_cache, enabled=self.index_cache),
             dsa=replace(base.dsa, indexer=self.dsa_indexer),
-            moe=replace(base.moe, dispatch=self.moe_dispatch),
+            moe=replace(base.moe, dispatch=self.moe_dispatch, expert_activation=activation),
             mamba=replace(base.mamba, recompute=self.recompute.mamba),
         ).validate()
 
@@ -201,6 +216,9 @@ class Recipe:
                 "training: at NAM56R's shape it is no faster than the eager region (`nox -s bench -- kernels`, case "
                 "'mamba3 adt region mb8'); leave it off"
             )
+        if self.expert_activation == "fused" and self.backend == "te":
+            problems.append("expert_activation 'fused' runs in our grouped experts on the local backend; backend 'te' "
+                            "has TE's grouped experts (--expert-activation eager, or --backend local)")
         if self.linear_ce not in get_args(LinearCE):
             problems.append(f"linear_ce {self.linear_ce!r} is not one of {', '.join(get_args(LinearCE))}")
         problems += recompute_problems(self, model)

@@ -34,7 +34,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nam56r import CHECKOUT_ROOT, VERBOSE_ENV, show_known_warnings
@@ -91,6 +91,7 @@ def recipe_from(args: argparse.Namespace, kernels: bool = True) -> Recipe:
         cuda_graphs=on_off[args.cuda_graphs],
         linear_ce=args.linear_ce,
         moe_dispatch=args.moe_dispatch,
+        expert_activation=args.expert_activation,
         dsa_phases=phases,
         indexer_recall=recall,
         recompute=args.recompute,
@@ -238,10 +239,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     # A real run checks the recipe's kernel shapes beside its ranks' start-up (`_prepare`), as they import
     # Megatron and TileLang; a dry run and a Slurm script check them first.
     recipe = recipe_from(args, kernels=bool(args.dry_run or args.slurm_script))
-    model = recipe.model_config()
     if refused := refused_flags(extra):
         raise TrainError(f"refused for real runs: {', '.join(refused)}")
     backend, backend_problem = resolve_backend_for(recipe, args.dry_run)
+    recipe = replace(recipe, expert_activation=recipe.expert_activation_on(backend))  # recipe.json names the path run
+    model = recipe.model_config(backend)
     data = choose_data(args, model.vocab_size)
     if not data.ready:
         checked = "not yet: checked at launch, once built"
@@ -261,7 +263,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}, recompute {recipe.recompute}"
     )
     print(f"paths: linear-ce {recipe.linear_ce}, dsa-indexer {recipe.dsa_indexer}, index-cache {'on' if recipe.index_cache else 'off'}, "
-          f"moe-dispatch {recipe.moe_dispatch}")
+          f"moe-dispatch {recipe.moe_dispatch}, expert-activation {model.moe.expert_activation}")
     print(f"DSA phases: {recipe.dsa_phases.describe()}")
     print(f"data: {data.note}")
     print(f"data checked: {checked}")

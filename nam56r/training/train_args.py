@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import get_args
 
-from nam56r.model.config import DSA_INDEXER_PATHS, MOE_DISPATCH_PATHS
+from nam56r.model.config import DSA_INDEXER_PATHS, EXPERT_ACTIVATION_PATHS, MOE_DISPATCH_PATHS
 from nam56r.model.presets import PRESETS
 from nam56r.training.recipe import RECIPES, LinearCE, Recompute
 
@@ -60,6 +60,10 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                        help="how MoE layers dispatch tokens to their experts: at expert parallel 1, one pass per token without "
                             "sorts, atomics or host syncs (fused-permute, the one-GPU recipes' default; "
                             "nam56r.model.moe_dispatch), or Megatron's all-to-all dispatcher (megatron, the EP > 1 recipes')")
+    shape.add_argument("--expert-activation", choices=EXPERT_ACTIVATION_PATHS,
+                       help="the MoE experts' GELU and router-prob scale on the local backend: one Triton pass each way "
+                            "(fused, the default there; nam56r_kernels.expert_activation) or Megatron's eager ops (eager, "
+                            "and the te backend's, whose grouped experts run TE's own activation)")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
     shape.add_argument("--linear-ce", choices=get_args(LinearCE),
                        help="LM head and MTP heads: our chunked linear cross-entropy through Megatron patch 0016 (chunked, "

@@ -15,7 +15,7 @@ import pytest
 
 from nam56r.training.data_dir import DataDir
 from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, slurm_script, torchrun_command
-from nam56r.training.recipe import get_recipe
+from nam56r.training.recipe import RecipeError, get_recipe
 from nam56r.training.train import main as train_main
 
 TINY_VOCAB = 512
@@ -105,16 +105,33 @@ def test_linear_ce_picks_the_heads_loss_path(tiny_data, tmp_path):
     assert code == 0, err
     flags = _command_line(out)  # default: chunked
     assert "--fused-linear-cross-entropy" in flags and flags[flags.index("--fused-linear-cross-entropy-impl") + 1] == CHUNKED_LINEAR_CE
-    assert "paths: linear-ce chunked, dsa-indexer fused-tilelang-loss, index-cache on, moe-dispatch fused-permute" in out
-    previous = ["--linear-ce", "liger", "--moe-dispatch", "megatron", "--dsa-indexer", "megatron", "--index-cache", "off"]
+    assert ("paths: linear-ce chunked, dsa-indexer fused-tilelang-loss, index-cache on, moe-dispatch fused-permute, "
+            "expert-activation fused") in out
+    previous = ["--linear-ce", "liger", "--moe-dispatch", "megatron", "--dsa-indexer", "megatron", "--index-cache", "off",
+                "--expert-activation", "eager"]
     code, out, err = _run([*base, "--run-dir", str(tmp_path / "liger"), *previous])
     assert code == 0, err
-    assert "paths: linear-ce liger, dsa-indexer megatron, index-cache off, moe-dispatch megatron" in out
+    assert "paths: linear-ce liger, dsa-indexer megatron, index-cache off, moe-dispatch megatron, expert-activation eager" in out
     flags = _command_line(out)
     assert "--fused-linear-cross-entropy" in flags and "--fused-linear-cross-entropy-impl" not in flags
     code, out, err = _run([*base, "--run-dir", str(tmp_path / "logits"), "--linear-ce", "logits"])
     assert code == 0, err
     assert "--fused-linear-cross-entropy" not in _command_line(out)  # Megatron parses it; the heads materialize logits
+
+
+def test_expert_activation_follows_the_backend_and_fused_is_refused_on_te(tiny_data, tmp_path):
+    recipe = get_recipe("tiny-1gpu", kernels=False)
+    assert recipe.model_config("local").moe.expert_activation == "fused"
+    assert recipe.model_config("te").moe.expert_activation == "eager"  # TE's grouped experts run their own
+    assert recipe.model_config().moe.expert_activation == "eager"  # no backend named: the preset's
+    fused = get_recipe("tiny-1gpu", kernels=False, expert_activation="fused")
+    with pytest.raises(RecipeError, match="expert_activation 'fused' runs in our grouped experts"):
+        fused.model_config("te")
+    with pytest.raises(RecipeError, match="backend 'te' has TE's grouped experts"):
+        get_recipe("tiny-1gpu", kernels=False, expert_activation="fused", backend="te")
+    base = ["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--run-dir", str(tmp_path)]
+    code, _, err = _run([*base, "--backend", "te", "--expert-activation", "fused"])
+    assert code == 2 and "backend 'te' has TE's grouped experts" in err
 
 
 def test_recompute_reaches_the_flags_and_a_full_recompute_beside_it_is_refused(tiny_data, tmp_path):
