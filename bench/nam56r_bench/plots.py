@@ -182,13 +182,15 @@ class KernelShares:
 
 
 def kernel_shares(rows: list[dict[str, Any]], top: int = 10) -> KernelShares | None:
-    """The first row with a profile's top kernels (short names, share of step), or None when no row was profiled."""
-    for row in rows:
-        profile = (row.get("extra") or {}).get("profile") or {}
-        if profile.get("top_kernels"):
-            kernels = [(short_kernel_name(k["kernel"]), k["share_of_step"]) for k in profile["top_kernels"][:top]]
-            return KernelShares(row["case"], profile.get("step_ms"), kernels, profile.get("gpu_idle_share"))
-    return None
+    """The top kernels (short names, share of step) of the profiled row with the highest TFLOP/s/GPU (the first
+    profiled one when none has a figure), or None when no row was profiled."""
+    profiled = [row for row in rows if ((row.get("extra") or {}).get("profile") or {}).get("top_kernels")]
+    if not profiled:
+        return None
+    row = max(profiled, key=lambda r: r["extra"].get("tflops_per_s_per_gpu") or 0.0)
+    profile = row["extra"]["profile"]
+    kernels = [(short_kernel_name(k["kernel"]), k["share_of_step"]) for k in profile["top_kernels"][:top]]
+    return KernelShares(row["case"], profile.get("step_ms"), kernels, profile.get("gpu_idle_share"))
 
 
 def _draw_throughput(ax: Any, bars: list[StepBar]) -> None:

@@ -151,6 +151,10 @@ class Recipe:
                                           f"the {backend} backend's experts have their own (--expert-activation eager)"])
         return self.expert_activation
 
+    def on_backend(self, backend: str) -> Recipe:
+        """This recipe with the paths that depend on the resolved layer backend named (what recipe.json records)."""
+        return replace(self, expert_activation=self.expert_activation_on(backend))
+
     def model_config(self, backend: str | None = None) -> ModelConfig:
         """The model this recipe trains: the preset with the recipe's sequence length, precision, IndexCache,
         DSA indexer, MoE dispatch and Mamba-3 recompute, and, given the resolved layer `backend`, its experts'

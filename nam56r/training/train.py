@@ -34,7 +34,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r import CHECKOUT_ROOT, VERBOSE_ENV, show_known_warnings
@@ -242,7 +242,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if refused := refused_flags(extra):
         raise TrainError(f"refused for real runs: {', '.join(refused)}")
     backend, backend_problem = resolve_backend_for(recipe, args.dry_run)
-    recipe = replace(recipe, expert_activation=recipe.expert_activation_on(backend))  # recipe.json names the path run
+    recipe = recipe.on_backend(backend)
     model = recipe.model_config(backend)
     data = choose_data(args, model.vocab_size)
     if not data.ready:

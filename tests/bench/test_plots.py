@@ -85,10 +85,10 @@ def test_long_labels_wrap_at_60_characters() -> None:
 
 def test_train_step_bars_carry_throughput_mfu_and_peak_memory() -> None:
     bars = step_bars(_committed("train-step")["rows"])
-    assert [b.label for b in bars] == ["proxy 1 GPU mbs 8", "proxy 1 GPU mbs 1"]
-    assert round(bars[0].tflops, 1) == 313.9 and round(bars[0].peak_gib, 1) == 114.2 and round(bars[1].peak_gib, 1) == 65.1
-    assert bars[0].annotation() == "313.9 TFLOP/s/GPU · MFU 40.1% of 782 (bf16 GEMM peak)"
-    assert bars[1].annotation() == "128.9 TFLOP/s/GPU · MFU 16.5% of 782 (bf16 GEMM peak)"
+    assert [b.label for b in bars] == ["proxy 1 GPU mbs 8", "proxy 1 GPU mbs 11"]
+    assert round(bars[0].tflops, 1) == 403.5 and round(bars[0].peak_gib, 1) == 111.6 and round(bars[1].peak_gib, 1) == 131.9
+    assert bars[0].annotation() == "403.5 TFLOP/s/GPU · MFU 52.9% of 763 (bf16 GEMM peak)"
+    assert bars[1].annotation() == "400.6 TFLOP/s/GPU · MFU 52.5% of 763 (bf16 GEMM peak)"
 
 
 def test_a_train_step_row_without_figures_reads_error() -> None:
@@ -113,13 +113,18 @@ def test_the_train_step_plot_draws_the_original_stacks_reference_line(tmp_path: 
     assert lines == [(ORIGINAL_TFLOPS, f"{ORIGINAL_LABEL}: 289 TFLOP/s/GPU")]
 
 
-def test_kernel_shares_come_from_the_first_profiled_row() -> None:
-    shares = kernel_shares(_committed("train-step")["rows"])
-    assert shares is not None and shares.case == "proxy 1 GPU mbs 8" and round(shares.step_ms) == 2028
+def test_kernel_shares_come_from_the_fastest_profiled_row() -> None:
+    rows = _committed("train-step-2gpu")["rows"]
+    assert rows[0]["extra"]["profile"]["top_kernels"]  # the first row is profiled, and slower
+    shares = kernel_shares(rows)
+    assert shares is not None and shares.case == "nam56r-2gpu 2 GPUs mbs 4 recompute moe" and round(shares.step_ms) == 2277
     assert len(shares.kernels) == 10
-    assert shares.kernels[0] == ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", pytest.approx(0.14177, abs=1e-5))
+    assert shares.kernels[0] == ("mamba_mimo_bwd_bwd_kernel_kernel", pytest.approx(0.11309, abs=1e-5))
     assert all(len(name) <= 50 for name, _ in shares.kernels)
-    assert shares.idle == pytest.approx(0.061358, abs=1e-6)
+    assert shares.idle == pytest.approx(0.062705, abs=1e-6)
+    profile = {"top_kernels": [{"kernel": "k", "share_of_step": 1.0}]}
+    failed = {"case": "failed", "extra": {"tflops_per_s_per_gpu": None, "profile": profile}}
+    assert kernel_shares([failed, *rows]).case == shares.case
     assert kernel_shares([{"case": "unprofiled", "extra": {}}]) is None
 
 

@@ -280,12 +280,14 @@ def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path
     from nam56r.training.train import _write_run_files
 
     assert run_settings(tmp_path / "none") == {}
-    recipe = get_recipe("proxy-1gpu", micro_batch=8, global_batch=8)
-    _write_run_files(RunPaths(tmp_path / "run", None, None), recipe.model_config(), recipe, "cmd")
+    recipe = get_recipe("proxy-1gpu", micro_batch=8, global_batch=8).on_backend("local")
+    _write_run_files(RunPaths(tmp_path / "run", None, None), recipe.model_config("local"), recipe, "cmd")
     settings = run_settings(tmp_path / "run")
     assert settings["micro_batch"] == 8 and settings["linear_ce"] == recipe.linear_ce and settings["dsa_indexer"] == "fused-tilelang-loss"
     assert settings["moe_dispatch"] == "fused-permute" and settings["index_cache"] is True
-    assert set(settings) == {"micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "index_cache", "recompute", "backend"}
+    assert settings["expert_activation"] == "fused"
+    assert set(settings) == {"micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "expert_activation", "index_cache",
+                             "recompute", "backend"}
 
 
 def test_a_model_is_prewarmed_for_its_recipe_and_preset_through_the_prewarm_command_line() -> None:
