@@ -62,6 +62,9 @@ FIRST_STEP = re.compile(r"iteration\s+1/")
 # Megatron's print_datetime milestones ("[after model, optimizer, and learning rate scheduler are built] datetime: ..."):
 # where the time to the first step goes (initialisation, model build, data loaders, then the first step's compiles).
 MILESTONE = re.compile(r"\[(?P<what>after [^\]]+)\] datetime: ")
+# An exception a rank printed ("[default0]: torch.OutOfMemoryError: CUDA out of memory. ..."). A failed run's first
+# one is its cause; torchrun's closing ChildFailedError and summary name only the exit codes, and fill the log's tail.
+EXCEPTION_LINE = re.compile(r"^(?:\[[\w ]+\]:?\s*)*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): ")
 
 
 def models(ctx: Context) -> tuple[str, ...]:
@@ -113,7 +116,8 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
           env: dict | None = None) -> dict:
     """Run the users' training command (`train_command`); returns exit code, wall seconds, seconds to the first
     logged step, Megatron's milestones and the launcher's and rank 0's startup marks (`nam56r.training.startup_marks`,
-    on this function's clock), the run's summary.json (when it finished) and the log tail."""
+    on this function's clock), the run's summary.json (when it finished), the log tail and the first exception a rank
+    printed (`cause`, None when none did)."""
     command = train_command(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=extra)
     print(f"[train] {' '.join(command)}", flush=True)
     start = time.perf_counter()
@@ -121,12 +125,15 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
     milestones: dict[str, float] = {}
     startup_lines: list[str] = []
     tail: list[str] = []
+    cause: str | None = None
     clock = {STARTUP_T0_ENV: repr(time.time())}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {}), **clock})
     assert proc.stdout is not None
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-40:]
+        if cause is None and EXCEPTION_LINE.search(line) and "ChildFailedError" not in line:
+            cause = line.strip()
         if first_step_s is None and STARTUP_MARK.search(line):
             startup_lines.append(line)
         if (milestone := MILESTONE.search(line)) and milestone["what"] not in milestones:
@@ -138,7 +145,7 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
     summary_file = RunDir(run_dir).summary
     summary = json.loads(summary_file.read_text()) if code == 0 and summary_file.exists() else None
     return {"exit": code, "wall_s": time.perf_counter() - start, "first_step_s": first_step_s, "milestones_s": milestones,
-            "startup_s": read_marks(startup_lines), "summary": summary, "tail": tail}
+            "startup_s": read_marks(startup_lines), "summary": summary, "tail": tail, "cause": cause}
 
 
 # The launcher's --recompute settings `--recompute each` runs: none, each family alone, all of them.
@@ -184,7 +191,7 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
              "milestones_s": result["milestones_s"], "startup_s": result["startup_s"], **run_settings(run_dir)}
     summary = result["summary"]
     if summary is None:
-        return Row(case, "patched", extra={**extra, "error": "\n".join(result["tail"][-15:])})
+        return Row(case, "patched", extra={**extra, "error": failure_reason(result), "log_tail": "\n".join(result["tail"][-15:])})
     figures, medians = headline(summary), summary["median_over_window"]
     tflops = figures.tflops_per_s_per_gpu
     extra.update(tokens_per_s_per_gpu=figures.tokens_per_s_per_gpu, tflops_per_s_per_gpu=tflops, mfu=tflops / peak,
@@ -343,12 +350,20 @@ def gpu_capacity_gib() -> float:
     return torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
+def failure_reason(result: dict) -> str:
+    """Why a `train` run stopped: the first exception a rank printed, else an out-of-memory line in the log's tail,
+    else the tail's last lines."""
+    if result.get("cause"):
+        return result["cause"][-400:]
+    reason = next((line for line in reversed(result["tail"]) if "OutOfMemoryError" in line or "out of memory" in line), None)
+    return (reason or "\n".join(result["tail"][-5:]))[-400:]
+
+
 def _attempt(result: dict) -> dict:
     """What one micro-batch try shows: its exit code, peak memory and speed when it trained, or why it stopped."""
     summary = result["summary"]
     if summary is None:
-        reason = next((line for line in reversed(result["tail"]) if "OutOfMemoryError" in line or "out of memory" in line), None)
-        return {"exit": result["exit"], "error": (reason or "\n".join(result["tail"][-5:]))[-400:]}
+        return {"exit": result["exit"], "error": failure_reason(result)}
     figures = headline(summary)
     return {"exit": result["exit"], "peak_memory_gib": figures.peak_memory_gib, "tflops_per_s_per_gpu": figures.tflops_per_s_per_gpu,
             "first_step_s": result["first_step_s"]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from nam56r_bench.training_suites import (
     RECOMPUTE_SETTINGS,
     _attempt,
     describe_attempt,
+    failure_reason,
     largest_micro_batch,
     microbatch_variants,
     models,
@@ -349,3 +351,24 @@ def test_train_step_prewarms_the_sizes_it_runs(tmp_path: Path, monkeypatch: pyte
     training_suites.train_step(Context(tmp_path, quick=True, models=("proxy",), micro_batches=(2,)))  # --prewarm-mbs none
     training_suites.train_step(Context(tmp_path, quick=True, models=("proxy",), prewarm_mbs=(1, 2)))  # the recipe's size
     assert events == [("train", "proxy", 2), ("train", "proxy", None)]
+
+
+def test_a_failed_run_names_the_exception_a_rank_raised_not_torchruns_summary(tmp_path: Path, monkeypatch) -> None:
+    """Real torchrun, two ranks, each raising torch's out-of-memory error: the log's last 40 lines are torchrun's
+    ChildFailedError traceback and summary, and the cause is still the ranks' exception."""
+    from nam56r_bench import training_suites
+
+    script = tmp_path / "fails.py"
+    script.write_text("import torch\nprint('step 1', flush=True)\n"
+                      "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 8.00 GiB')\n")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "--log-dir",
+               str(tmp_path / "logs"), "--tee", "3", str(script)]
+    monkeypatch.setattr(training_suites, "train_command", lambda *args, **kwargs: command)
+    result = training_suites.train("proxy", tmp_path / "run", mbs=1, steps=1)
+    assert result["exit"] != 0 and result["summary"] is None
+    assert not any("OutOfMemoryError" in line for line in result["tail"][-15:])  # torchrun's summary fills the tail
+    assert result["cause"].endswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB")
+    assert result["cause"].startswith("[default")
+    assert failure_reason(result) == result["cause"]
+    assert _attempt(result)["error"] == result["cause"]
+    assert failure_reason({"tail": ["a", "b"]}) == "a\nb"
