@@ -48,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--linear-ce", action="append", choices=LINEAR_CE_PATHS, dest="linear_ce", default=[],
                         help="a launcher --linear-ce path (the LM head's and MTP heads' loss) the train-step and microbatch suites "
                              "run; repeat for several (default: microbatch compares every one, train-step runs the recipe's)")
+    parser.add_argument("--overlap-dp-comm", action="append", choices=("on", "off"), dest="overlap_dp_comm", default=[],
+                        help="a launcher --overlap-dp-comm setting the train-step suite runs (data-parallel communication "
+                             "overlapped with compute; data parallel > 1 only, e.g. --model nam56r-2gpu); repeat for both, "
+                             "before and after in one run (default: the recipe's, off)")
     parser.add_argument("--prewarm-mbs", type=_prewarm_sizes, default="1-16", metavar="SIZES",
                         help="micro-batch sizes the microbatch suite compiles each model's Mamba-3 MIMO TileLang kernels for, in "
                              "parallel, before its search (nam56r.training.kernel_prewarm: the kernels are compiled per "
@@ -118,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     host = stamp()
     ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)), cache=args.cache,
                   micro_batches=tuple(dict.fromkeys(args.micro_batches)), recompute=tuple(dict.fromkeys(args.recompute)),
-                  linear_ce=tuple(dict.fromkeys(args.linear_ce)), prewarm_mbs=args.prewarm_mbs)
+                  linear_ce=tuple(dict.fromkeys(args.linear_ce)), prewarm_mbs=args.prewarm_mbs,
+                  overlap_dp_comm=tuple(dict.fromkeys(args.overlap_dp_comm)))
     failed = []
     for suite in chosen:
         print(f"== {suite.name}: {suite.summary}", flush=True)

@@ -171,22 +171,26 @@ def train_step(ctx: Context) -> list[Row]:
             for linear_ce in ctx.linear_ce or (None,):
                 for setting in recompute_settings(ctx) or (None,):
                     for mbs in ctx.micro_batches or (None,):
-                        recompute_name = (setting or "recipe").replace(",", "-")
-                        run_dir = Path(tmp) / f"{recipe}-ce-{linear_ce or 'recipe'}-recompute-{recompute_name}-mbs{mbs or 'recipe'}"
-                        rows.append(_train_step_row(recipe, mbs, run_dir, steps, peak, ctx, recompute=setting, linear_ce=linear_ce))
+                        for overlap in ctx.overlap_dp_comm or (None,):
+                            recompute_name = (setting or "recipe").replace(",", "-")
+                            run_dir = Path(tmp) / (f"{recipe}-ce-{linear_ce or 'recipe'}-recompute-{recompute_name}-mbs{mbs or 'recipe'}"
+                                                   f"-overlap-{overlap or 'recipe'}")
+                            rows.append(_train_step_row(recipe, mbs, run_dir, steps, peak, ctx, recompute=setting, linear_ce=linear_ce,
+                                                        overlap_dp_comm=overlap))
     return rows
 
 
 def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, peak: float, ctx: Context,
-                    recompute: str | None = None, linear_ce: str | None = None) -> Row:
+                    recompute: str | None = None, linear_ce: str | None = None, overlap_dp_comm: str | None = None) -> Row:
     """One train-step row: a run of `steps` at micro-batch `mbs` (None: the recipe's) with the launcher's `--recompute`
-    setting and `--linear-ce` path (None: the recipe's), profiled unless --quick."""
+    setting, `--linear-ce` path and `--overlap-dp-comm` setting (None: the recipe's), profiled unless --quick."""
     profiled = not ctx.quick
     profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
-    options = (("--recompute", recompute) if recompute else ()) + (("--linear-ce", linear_ce) if linear_ce else ())
+    options = ((("--recompute", recompute) if recompute else ()) + (("--linear-ce", linear_ce) if linear_ce else ())
+               + (("--overlap-dp-comm", overlap_dp_comm) if overlap_dp_comm else ()))
     result = train(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=profile if profiled else ())
     case = (model_label(recipe) + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
-            + (f" linear-ce {linear_ce}" if linear_ce else ""))
+            + (f" linear-ce {linear_ce}" if linear_ce else "") + (f" overlap-dp-comm {overlap_dp_comm}" if overlap_dp_comm else ""))
     extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"],
              "milestones_s": result["milestones_s"], "startup_s": result["startup_s"], **run_settings(run_dir)}
     summary = result["summary"]
@@ -210,7 +214,7 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
 
 # The recipe fields a train-step row names (recipe.json's keys).
 RUN_SETTINGS = ("micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "expert_activation", "index_cache", "recompute",
-                "backend")
+                "overlap_dp_comm", "backend")
 
 
 def run_settings(run_dir: Path) -> dict:

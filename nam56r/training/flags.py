@@ -119,6 +119,8 @@ def _optional_run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend:
         args += ["--eval-iters", "0"]
     if recipe.data_parallel > 1:
         args += ["--use-distributed-optimizer"]
+    if recipe.overlap_dp_comm:
+        args += ["--overlap-grad-reduce", "--overlap-param-gather"]
     if backend == "local":
         # Gradient-accumulation fusion needs APEX's or TE's fused wgrad kernels; the local layers have neither.
         args += ["--no-gradient-accumulation-fusion"]

@@ -125,6 +125,10 @@ class Recipe:
     indexer_recall: RecallSchedule = field(default_factory=RecallSchedule)
     recompute: Recompute = Recompute()  # activation recompute per block family
     # Runtime switches, each explicit
+    # Data-parallel communication overlapped with compute (Megatron's --overlap-grad-reduce and
+    # --overlap-param-gather): the distributed optimizer's gradient reduce-scatter during the backward and its
+    # parameter all-gather during the next forward. Needs data parallel > 1.
+    overlap_dp_comm: bool = False
     cuda_graphs: bool = False
     compile_mamba_elementwise: bool = False
     # Logging, evaluation and checkpoints
@@ -205,6 +209,9 @@ class Recipe:
                 f"global_batch {self.global_batch} is not a multiple of micro_batch x data-parallel"
                 f" = {self.micro_batch} x {self.data_parallel}"
             )
+        if self.overlap_dp_comm and self.data_parallel == 1:
+            problems.append("overlap_dp_comm overlaps the data-parallel gradient and parameter communication; this recipe "
+                            f"runs data parallel 1 (world {self.world_size} / tp*pp), which has none")
         if self.cuda_graphs and self.pp == 1:
             problems.append(
                 "cuda_graphs at pp=1 refused: the original team measured TE's CUDA-graph private pool at 39.5 GiB, which OOMs "

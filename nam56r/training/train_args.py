@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                        help="the MoE experts' GELU and router-prob scale on the local backend: one Triton pass each way "
                             "(fused, the default there; nam56r_kernels.expert_activation) or Megatron's eager ops (eager, "
                             "and the te backend's, whose grouped experts run TE's own activation)")
+    shape.add_argument("--overlap-dp-comm", choices=("on", "off"),
+                       help="overlap the distributed optimizer's gradient reduce-scatter with the backward and its parameter "
+                            "all-gather with the next forward (Megatron's --overlap-grad-reduce --overlap-param-gather); "
+                            "needs data parallel > 1 (default: off in every recipe)")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
     shape.add_argument("--linear-ce", choices=get_args(LinearCE),
                        help="LM head and MTP heads: our chunked linear cross-entropy through Megatron patch 0016 (chunked, "

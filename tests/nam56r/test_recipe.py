@@ -131,3 +131,13 @@ def test_model_config_round_trips_through_json():
     assert ModelConfig.from_dict(json.loads(json.dumps(model.to_dict()))) == model
     with pytest.raises(ValueError, match="unknown ModelConfig fields"):
         ModelConfig.from_dict({**model.to_dict(), "hiden_size": 1})
+
+
+def test_overlap_dp_comm_lowers_to_megatrons_overlap_flags_and_needs_data_parallel(megatron_built):
+    recipe = get_recipe("h200x2-ep2", overlap_dp_comm=True)
+    argv, margs, _ = _validated(recipe)
+    assert margs.overlap_grad_reduce and margs.overlap_param_gather and margs.use_distributed_optimizer
+    _, margs, _ = _validated(get_recipe("h200x2-ep2"))
+    assert not margs.overlap_grad_reduce and not margs.overlap_param_gather
+    with pytest.raises(RecipeError, match="runs data parallel 1"):
+        get_recipe("proxy-1gpu", overlap_dp_comm=True)
