@@ -151,8 +151,7 @@ class Recipe:
         if self.expert_activation is None:
             return "fused" if backend == "local" else "eager"
         if self.expert_activation == "fused" and backend != "local":
-            raise RecipeError(self.name, [f"expert_activation 'fused' runs in our grouped experts on the local backend; "
-                                          f"the {backend} backend's experts have their own (--expert-activation eager)"])
+            raise RecipeError(self.name, [_fused_activation_refused(backend)])
         return self.expert_activation
 
     def on_backend(self, backend: str) -> Recipe:
@@ -228,8 +227,7 @@ class Recipe:
                 "'mamba3 adt region mb8'); leave it off"
             )
         if self.expert_activation == "fused" and self.backend == "te":
-            problems.append("expert_activation 'fused' runs in our grouped experts on the local backend; backend 'te' "
-                            "has TE's grouped experts (--expert-activation eager, or --backend local)")
+            problems.append(_fused_activation_refused(self.backend))
         if self.linear_ce not in get_args(LinearCE):
             problems.append(f"linear_ce {self.linear_ce!r} is not one of {', '.join(get_args(LinearCE))}")
         problems += recompute_problems(self, model)
@@ -258,6 +256,11 @@ class Recipe:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _fused_activation_refused(backend: str) -> str:
+    return (f"expert_activation 'fused' runs in our grouped experts on the local backend; backend '{backend}' has TE's "
+            "grouped experts (--expert-activation eager, or --backend local)")
 
 
 def _dense_warmup_problems(model: ModelConfig) -> list[str]:
