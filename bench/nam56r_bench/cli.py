@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from nam56r.training.arg_types import positive_int
 from nam56r_bench.harness import ROOT, BenchError, Context, stamp, write_suite
 from nam56r_bench.plots import render
 from nam56r_bench.suites import SUITES
-from nam56r_bench.training_suites import LINEAR_CE_PATHS, RECIPES, RECOMPUTE_SETTINGS
+from nam56r_bench.training_suites import LINEAR_CE_PATHS, RECIPES, RECOMPUTE_SETTINGS, SUITE_TRAIN_OPTIONS
 
 DEFAULT_OUT = ROOT / "docs" / "bench"
 
@@ -48,10 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--linear-ce", action="append", choices=LINEAR_CE_PATHS, dest="linear_ce", default=[],
                         help="a launcher --linear-ce path (the LM head's and MTP heads' loss) the train-step and microbatch suites "
                              "run; repeat for several (default: microbatch compares every one, train-step runs the recipe's)")
-    parser.add_argument("--overlap-dp-comm", action="append", choices=("on", "off"), dest="overlap_dp_comm", default=[],
-                        help="a launcher --overlap-dp-comm setting the train-step suite runs (data-parallel communication "
-                             "overlapped with compute; data parallel > 1 only, e.g. --model nam56r-2gpu); repeat for both, "
-                             "before and after in one run (default: the recipe's, off)")
+    parser.add_argument("--train-args", action="append", type=_train_args, dest="train_args", default=[], metavar="'OPTIONS'",
+                        help="launcher options (nam56r.training.train's, one quoted string) for one train-step run of each "
+                             "model and size; repeat for before and after in one run, '' for none: e.g. --train-args '' "
+                             "--train-args '--overlap-dp-comm on' (default: one run with none)")
     parser.add_argument("--prewarm-mbs", type=_prewarm_sizes, default="1-16", metavar="SIZES",
                         help="micro-batch sizes the microbatch suite compiles each model's Mamba-3 MIMO TileLang kernels for, in "
                              "parallel, before its search (nam56r.training.kernel_prewarm: the kernels are compiled per "
@@ -71,6 +72,19 @@ def _recompute_setting(text: str) -> str:
         return str(Recompute.parse(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _train_args(text: str) -> str:
+    """Launcher options as one normalized shell-quoted string; refused when they do not split or name a flag the
+    suite sets itself."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    if owned := sorted(set(words) & SUITE_TRAIN_OPTIONS):
+        raise argparse.ArgumentTypeError(f"{text!r}: {', '.join(owned)} is the suite's own option (--mbs, --recompute, "
+                                         "--linear-ce, --model)")
+    return shlex.join(words)
 
 
 def _prewarm_sizes(text: str) -> tuple[int, ...]:
@@ -123,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)), cache=args.cache,
                   micro_batches=tuple(dict.fromkeys(args.micro_batches)), recompute=tuple(dict.fromkeys(args.recompute)),
                   linear_ce=tuple(dict.fromkeys(args.linear_ce)), prewarm_mbs=args.prewarm_mbs,
-                  overlap_dp_comm=tuple(dict.fromkeys(args.overlap_dp_comm)))
+                  train_args=tuple(dict.fromkeys(args.train_args)))
     failed = []
     for suite in chosen:
         print(f"== {suite.name}: {suite.summary}", flush=True)

@@ -44,7 +44,9 @@ class Context:
     micro_batches: tuple[int, ...] = ()  # the train-step suite's micro-batch sizes; () = each recipe's own
     recompute: tuple[str, ...] = ()  # the training suites' --recompute settings ("each": all of RECOMPUTE_SETTINGS); () = the recipe's
     linear_ce: tuple[str, ...] = ()  # the training suites' --linear-ce paths; () = microbatch: every one, train-step: the recipe's
-    overlap_dp_comm: tuple[str, ...] = ()  # train-step's launcher --overlap-dp-comm settings ("on", "off"); () = the recipe's
+    # train-step's runs of each model and size, one per entry: launcher options as one shell-quoted string ("" = none);
+    # () = one run with none
+    train_args: tuple[str, ...] = ()
     prewarm_mbs: tuple[int, ...] = ()  # micro-batch sizes microbatch compiles the Mamba-3 MIMO kernels for first; () = none
 
 

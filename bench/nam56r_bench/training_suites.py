@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -148,6 +149,9 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
             "startup_s": read_marks(startup_lines), "summary": summary, "tail": tail, "cause": cause}
 
 
+# The launcher options the training suites set themselves, per row (`train_command` and `_train_step_row`).
+SUITE_TRAIN_OPTIONS = {"--mbs", "--gbs", "--recompute", "--linear-ce", "--recipe", "--model", "--steps", "--run-dir", "--no-save"}
+
 # The launcher's --recompute settings `--recompute each` runs: none, each family alone, all of them.
 RECOMPUTE_SETTINGS = ("none", "mamba", "moe", "attention", "mamba,moe,attention")
 
@@ -171,26 +175,27 @@ def train_step(ctx: Context) -> list[Row]:
             for linear_ce in ctx.linear_ce or (None,):
                 for setting in recompute_settings(ctx) or (None,):
                     for mbs in ctx.micro_batches or (None,):
-                        for overlap in ctx.overlap_dp_comm or (None,):
+                        for variant, train_args in enumerate(ctx.train_args or ("",)):
                             recompute_name = (setting or "recipe").replace(",", "-")
                             run_dir = Path(tmp) / (f"{recipe}-ce-{linear_ce or 'recipe'}-recompute-{recompute_name}-mbs{mbs or 'recipe'}"
-                                                   f"-overlap-{overlap or 'recipe'}")
+                                                   f"-args{variant}")
                             rows.append(_train_step_row(recipe, mbs, run_dir, steps, peak, ctx, recompute=setting, linear_ce=linear_ce,
-                                                        overlap_dp_comm=overlap))
+                                                        train_args=train_args))
     return rows
 
 
 def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, peak: float, ctx: Context,
-                    recompute: str | None = None, linear_ce: str | None = None, overlap_dp_comm: str | None = None) -> Row:
+                    recompute: str | None = None, linear_ce: str | None = None, train_args: str = "") -> Row:
     """One train-step row: a run of `steps` at micro-batch `mbs` (None: the recipe's) with the launcher's `--recompute`
-    setting, `--linear-ce` path and `--overlap-dp-comm` setting (None: the recipe's), profiled unless --quick."""
+    setting and `--linear-ce` path (None: the recipe's) and the launcher options `train_args` (one shell-quoted
+    string), profiled unless --quick."""
     profiled = not ctx.quick
     profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
     options = ((("--recompute", recompute) if recompute else ()) + (("--linear-ce", linear_ce) if linear_ce else ())
-               + (("--overlap-dp-comm", overlap_dp_comm) if overlap_dp_comm else ()))
+               + tuple(shlex.split(train_args)))
     result = train(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=profile if profiled else ())
     case = (model_label(recipe) + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
-            + (f" linear-ce {linear_ce}" if linear_ce else "") + (f" overlap-dp-comm {overlap_dp_comm}" if overlap_dp_comm else ""))
+            + (f" linear-ce {linear_ce}" if linear_ce else "") + (f" {train_args}" if train_args else ""))
     extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"],
              "milestones_s": result["milestones_s"], "startup_s": result["startup_s"], **run_settings(run_dir)}
     summary = result["summary"]
@@ -214,7 +219,7 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
 
 # The recipe fields a train-step row names (recipe.json's keys).
 RUN_SETTINGS = ("micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "expert_activation", "index_cache", "recompute",
-                "overlap_dp_comm", "backend")
+                "overlap_dp_comm", "moe_shared_expert_overlap", "backend")
 
 
 def run_settings(run_dir: Path) -> dict:

@@ -121,6 +121,8 @@ def _optional_run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend:
         args += ["--use-distributed-optimizer"]
     if recipe.overlap_dp_comm:
         args += ["--overlap-grad-reduce", "--overlap-param-gather"]
+    if recipe.moe_shared_expert_overlap:
+        args += ["--moe-shared-expert-overlap"]
     if backend == "local":
         # Gradient-accumulation fusion needs APEX's or TE's fused wgrad kernels; the local layers have neither.
         args += ["--no-gradient-accumulation-fusion"]

@@ -129,6 +129,9 @@ class Recipe:
     # --overlap-param-gather): the distributed optimizer's gradient reduce-scatter during the backward and its
     # parameter all-gather during the next forward. Needs data parallel > 1.
     overlap_dp_comm: bool = False
+    # The shared expert's GEMMs on a side stream beside Megatron's all-to-all dispatch and combine (Megatron's
+    # --moe-shared-expert-overlap). Needs moe_dispatch "megatron".
+    moe_shared_expert_overlap: bool = False
     cuda_graphs: bool = False
     compile_mamba_elementwise: bool = False
     # Logging, evaluation and checkpoints
@@ -211,6 +214,11 @@ class Recipe:
         if self.overlap_dp_comm and self.data_parallel == 1:
             problems.append("overlap_dp_comm overlaps the data-parallel gradient and parameter communication; this recipe "
                             f"runs data parallel 1 (world {self.world_size} / tp*pp), which has none")
+        if self.moe_shared_expert_overlap and self.moe_dispatch != "megatron":
+            problems.append(f"moe_shared_expert_overlap runs the shared expert beside Megatron's all-to-all dispatcher; "
+                            f"moe_dispatch {self.moe_dispatch!r} has no communication to overlap (--moe-dispatch megatron)")
+        if self.moe_shared_expert_overlap and not model.moe.shared_expert_ffn:
+            problems.append(f"moe_shared_expert_overlap: model {self.model} has no shared expert")
         if self.cuda_graphs and self.pp == 1:
             problems.append(
                 "cuda_graphs at pp=1 refused: the original team measured TE's CUDA-graph private pool at 39.5 GiB, which OOMs "

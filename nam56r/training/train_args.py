@@ -68,6 +68,10 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                        help="overlap the distributed optimizer's gradient reduce-scatter with the backward and its parameter "
                             "all-gather with the next forward (Megatron's --overlap-grad-reduce --overlap-param-gather); "
                             "needs data parallel > 1 (default: off in every recipe)")
+    shape.add_argument("--moe-shared-expert-overlap", choices=("on", "off"),
+                       help="run the MoE shared expert on a side stream beside Megatron's all-to-all dispatch and combine "
+                            "(Megatron's --moe-shared-expert-overlap); needs --moe-dispatch megatron, the EP > 1 recipes' "
+                            "(default: off in every recipe)")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
     shape.add_argument("--linear-ce", choices=get_args(LinearCE),
                        help="LM head and MTP heads: our chunked linear cross-entropy through Megatron patch 0016 (chunked, "

@@ -288,9 +288,9 @@ def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path
     assert settings["micro_batch"] == 8 and settings["linear_ce"] == recipe.linear_ce and settings["dsa_indexer"] == "fused-tilelang-loss"
     assert settings["moe_dispatch"] == "fused-permute" and settings["index_cache"] is True
     assert settings["expert_activation"] == "fused"
-    assert settings["overlap_dp_comm"] is False
+    assert settings["overlap_dp_comm"] is False and settings["moe_shared_expert_overlap"] is False
     assert set(settings) == {"micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "expert_activation", "index_cache",
-                             "recompute", "overlap_dp_comm", "backend"}
+                             "recompute", "overlap_dp_comm", "moe_shared_expert_overlap", "backend"}
 
 
 def test_a_model_is_prewarmed_for_its_recipe_and_preset_through_the_prewarm_command_line() -> None:
@@ -375,11 +375,13 @@ def test_a_failed_run_names_the_exception_a_rank_raised_not_torchruns_summary(tm
     assert failure_reason({"tail": ["a", "b"]}) == "a\nb"
 
 
-def test_train_step_runs_each_overlap_setting_through_the_launchers_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                           megatron_built, capsys: pytest.CaptureFixture) -> None:
-    """`--overlap-dp-comm off --overlap-dp-comm on`: one row each, before and after in one run, each the users' command
-    with the launcher's option, which lowers to Megatron's two overlap flags and passes Megatron's parser at 2 ranks."""
+def test_train_step_runs_each_train_args_entry_through_the_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     megatron_built, capsys: pytest.CaptureFixture) -> None:
+    """`--train-args '' --train-args '--overlap-dp-comm on --moe-shared-expert-overlap on'`: one row each, before and
+    after in one run, each the users' command with those launcher options, which lower to Megatron's overlap flags and
+    pass Megatron's parser and config checks at 2 ranks."""
     from nam56r_bench import training_suites
+    from nam56r_bench.cli import _parser
 
     from nam56r.training.train import main as train_main
 
@@ -393,14 +395,27 @@ def test_train_step_runs_each_overlap_setting_through_the_launchers_option(tmp_p
     monkeypatch.setattr(training_suites, "gemm_peak_tflops", lambda: 700.0)
     monkeypatch.setattr(training_suites, "require_gpu", lambda suite: None)
     monkeypatch.setattr(training_suites, "require_gpus", lambda recipe: None)
-    ctx = Context(tmp_path, quick=True, models=("nam56r-2gpu",), micro_batches=(4,), recompute=("moe",), overlap_dp_comm=("off", "on"))
+    args = _parser().parse_args(["train-step", "--train-args", "", "--train-args", "--overlap-dp-comm on  --moe-shared-expert-overlap on"])
+    assert args.train_args == ["", "--overlap-dp-comm on --moe-shared-expert-overlap on"]
+    ctx = Context(tmp_path, quick=True, models=("nam56r-2gpu",), micro_batches=(4,), recompute=("moe",), train_args=tuple(args.train_args))
     rows = training_suites.train_step(ctx)
-    assert [row.case for row in rows] == ["nam56r-2gpu 2 GPUs mbs 4 recompute moe overlap-dp-comm off",
-                                          "nam56r-2gpu 2 GPUs mbs 4 recompute moe overlap-dp-comm on"]
-    assert calls == [("--recompute", "moe", "--overlap-dp-comm", "off"), ("--recompute", "moe", "--overlap-dp-comm", "on")]
-    for setting, options in zip(("off", "on"), calls, strict=True):
-        command = train_command("nam56r-2gpu", tmp_path / setting, mbs=4, steps=3, options=options)
+    assert [row.case for row in rows] == ["nam56r-2gpu 2 GPUs mbs 4 recompute moe",
+                                          "nam56r-2gpu 2 GPUs mbs 4 recompute moe --overlap-dp-comm on --moe-shared-expert-overlap on"]
+    assert calls == [("--recompute", "moe"), ("--recompute", "moe", "--overlap-dp-comm", "on", "--moe-shared-expert-overlap", "on")]
+    for name, options in zip(("before", "after"), calls, strict=True):
+        command = train_command("nam56r-2gpu", tmp_path / name, mbs=4, steps=3, options=options)
         assert train_main([*command[3:], "--dry-run"]) == 0
         out = capsys.readouterr().out
-        assert f"overlap-dp-comm {setting}" in out and "validated by Megatron's parser as 2 rank(s)" in out
-        assert ("--overlap-grad-reduce --overlap-param-gather" in out) == (setting == "on")
+        assert "validated by Megatron's parser as 2 rank(s)" in out
+        on = name == "after"
+        assert f"overlap-dp-comm {'on' if on else 'off'}, moe-shared-expert-overlap {'on' if on else 'off'}" in out
+        assert ("--overlap-grad-reduce --overlap-param-gather --moe-shared-expert-overlap" in out) == on
+
+
+def test_train_args_that_do_not_split_or_name_the_suites_own_options_are_refused(capsys: pytest.CaptureFixture) -> None:
+    from nam56r_bench.cli import _parser
+
+    for bad, why in (("--overlap-dp-comm 'on", "No closing quotation"), ("--mbs 8", "--mbs is the suite's own option")):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["train-step", "--train-args", bad])
+        assert why in capsys.readouterr().err

@@ -141,3 +141,10 @@ def test_overlap_dp_comm_lowers_to_megatrons_overlap_flags_and_needs_data_parall
     assert not margs.overlap_grad_reduce and not margs.overlap_param_gather
     with pytest.raises(RecipeError, match="runs data parallel 1"):
         get_recipe("proxy-1gpu", overlap_dp_comm=True)
+
+
+def test_moe_shared_expert_overlap_lowers_to_megatrons_flag_beside_its_all_to_all_only(megatron_built):
+    _, margs, cfg = _validated(get_recipe("h200x2-ep2", moe_shared_expert_overlap=True))
+    assert margs.moe_shared_expert_overlap and cfg.moe_shared_expert_overlap and cfg.moe_token_dispatcher_type == "alltoall"
+    with pytest.raises(RecipeError, match="moe_dispatch 'fused-permute' has no communication to overlap"):
+        get_recipe("proxy-1gpu", moe_shared_expert_overlap=True)
