@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -172,15 +173,13 @@ def train_step(ctx: Context) -> list[Row]:
             require_gpus(recipe)
             if ctx.micro_batches and ctx.prewarm_mbs:  # the sizes named, compiled side by side before the runs
                 prewarm(recipe, ctx.micro_batches)
-            for linear_ce in ctx.linear_ce or (None,):
-                for setting in recompute_settings(ctx) or (None,):
-                    for mbs in ctx.micro_batches or (None,):
-                        for variant, train_args in enumerate(ctx.train_args or ("",)):
-                            recompute_name = (setting or "recipe").replace(",", "-")
-                            run_dir = Path(tmp) / (f"{recipe}-ce-{linear_ce or 'recipe'}-recompute-{recompute_name}-mbs{mbs or 'recipe'}"
-                                                   f"-args{variant}")
-                            rows.append(_train_step_row(recipe, mbs, run_dir, steps, peak, ctx, recompute=setting, linear_ce=linear_ce,
-                                                        train_args=train_args))
+            runs = itertools.product(ctx.linear_ce or (None,), recompute_settings(ctx) or (None,), ctx.micro_batches or (None,),
+                                     enumerate(ctx.train_args or ("",)))
+            for linear_ce, setting, mbs, (variant, train_args) in runs:
+                recompute_name = (setting or "recipe").replace(",", "-")
+                run_dir = Path(tmp) / f"{recipe}-ce-{linear_ce or 'recipe'}-recompute-{recompute_name}-mbs{mbs or 'recipe'}-args{variant}"
+                rows.append(_train_step_row(recipe, mbs, run_dir, steps, peak, ctx, recompute=setting, linear_ce=linear_ce,
+                                            train_args=train_args))
     return rows
 
 
