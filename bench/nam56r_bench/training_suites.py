@@ -1,7 +1,7 @@
 """The GPU training suites, each through `python -m nam56r.training.train` (the users' command) on this machine:
 
-- ``train-step``: the proxy recipe and the full NAM56R on one GPU, and (``--model nam56r-2gpu``) the full NAM56R on
-  two GPUs at EP=2: tokens/s/GPU, TFLOP/s/GPU (nam56r.model.flops'
+- ``train-step``: the proxy recipe and the full NAM56R on one GPU, (``--model nam56r-2gpu``) the full NAM56R on
+  two GPUs at EP=2, and (``--model nam56r-4gpu``) the 8xH200 recipe on four GPUs at its EP=4: tokens/s/GPU, TFLOP/s/GPU (nam56r.model.flops'
   formula, the run's steady-state window), MFU against a bf16 GEMM peak measured in the same run, peak
   memory, and, from a PyTorch-profiler trace of rank 0's steps 20-22, the top-10 kernels by CUDA time with
   their share of the step and the GPU-idle share (`nam56r_bench.profile_trace`). Each row names the settings
@@ -54,11 +54,13 @@ class BenchModel:
 
 
 # The full NAM56R on one GPU is the 8-GPU bf16 recipe on one GPU, no expert parallelism; on two GPUs it is the
-# 2xH200 recipe (EP=2, distributed optimizer) with the full model.
+# 2xH200 recipe (EP=2, distributed optimizer) with the full model; on four GPUs it is the 8-GPU bf16 recipe at its own
+# EP=4, each GPU holding the experts and optimizer shards it holds on eight, but data parallel 4.
 RECIPES = {
     "proxy": BenchModel(("--recipe", "proxy-1gpu")),
     "nam56r": BenchModel(("--recipe", "h200x8-bf16", "--gpus-per-node", "1", "--ep", "1")),
     "nam56r-2gpu": BenchModel(("--recipe", "h200x2-ep2", "--model", "nam56r"), gpus=2),
+    "nam56r-4gpu": BenchModel(("--recipe", "h200x8-bf16", "--gpus-per-node", "4"), gpus=4),
 }
 FIRST_STEP = re.compile(r"iteration\s+1/")
 # Megatron's print_datetime milestones ("[after model, optimizer, and learning rate scheduler are built] datetime: ..."):

@@ -119,6 +119,8 @@ def _optional_run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend:
         args += ["--eval-iters", "0"]
     if recipe.data_parallel > 1:
         args += ["--use-distributed-optimizer"]
+        if recipe.reshardable_checkpoints:
+            args += ["--dist-ckpt-optim-fully-reshardable"]
     if recipe.overlap_dp_comm:
         args += ["--overlap-grad-reduce", "--overlap-param-gather"]
     if recipe.moe_shared_expert_overlap:

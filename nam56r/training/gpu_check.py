@@ -12,7 +12,8 @@ Parts, in order, each with a status (passed | failed | skipped), its wall time a
   packs  `tools/packs.py run --all --needs gpu --jobs 3`: each pack's verdict, per side its exit code and
          sentinels, and the records it appended to patches/manifest.toml.
   train  the tiny recipe for 20 steps with a checkpoint at step 10, then a run resumed from that
-         checkpoint for steps 11-20 (nam56r.training.resume_check): per run the first and last loss,
+         checkpoint for steps 11-20 (nam56r.training.resume_check; --recipe, --train-args and --resume-args
+         change the runs, e.g. 4 ranks at EP=4 resumed at EP=4 and at EP=2): per run the first and last loss,
          tokens/s/GPU, TFLOP/s/GPU, peak memory and time to the first step, and the largest |loss
          difference| of the resumed steps against the uninterrupted run; both runs' train records
          appended to patches/manifest.toml (nam56r.training.train_record).
@@ -32,6 +33,7 @@ import datetime as dt
 import json
 import os
 import re
+import shlex
 import sys
 import threading
 import time
@@ -47,6 +49,7 @@ from nam56r_patchlane.errors import PatchlaneError
 
 from nam56r import CHECKOUT_ROOT
 from nam56r.training.logged_run import run_logged
+from nam56r.training.recipe import RecipeError
 from nam56r.training.resume_check import ResumeCheck, ResumeResult, build_tiny_data, run_resume_check
 
 ROOT = CHECKOUT_ROOT
@@ -179,11 +182,19 @@ def packs_part(opts: Options, alone: str = "with-others") -> dict:
             "packs": verdicts, "records": [r for p in packs for r in p["records"]], "problems": problems}
 
 
-def train_part(opts: Options) -> dict:
-    from nam56r.training.recipe import get_recipe
+def launcher_recipe(check: ResumeCheck, options: tuple[str, ...] = ()):
+    """The recipe the launcher makes of the check's recipe, its `train_args` and `options` (refused as the launcher
+    refuses them)."""
+    from nam56r.training.train import recipe_from
+    from nam56r.training.train_args import parse_args
 
+    args, _ = parse_args(["--recipe", check.recipe, *check.train_args, *options], "")
+    return recipe_from(args, kernels=False)
+
+
+def train_part(opts: Options) -> dict:
     check, out = opts.check, opts.out_dir / "train"
-    data = opts.data or build_tiny_data(out / "data", get_recipe(check.recipe).model_config().vocab_size)
+    data = opts.data or build_tiny_data(out / "data", launcher_recipe(check).model_config().vocab_size)
     return train_summary(opts, run_resume_check(check, out, data, opts.python, opts.megatron_flags, opts.echo), data)
 
 
@@ -201,10 +212,13 @@ def train_summary(opts: Options, result: ResumeResult, data: Path) -> dict:
             records.append(asdict(record))
         except (FileNotFoundError, ValueError) as exc:
             problems.append(f"the {run.name} run was not recorded: {exc}")
-    return {"status": "failed" if problems else "passed", "recipe": check.recipe, "steps": check.steps,
-            "resume_at": check.resume_at, "data": str(data), "runs": {run.name: run.figures() for run in result.runs},
+    return {"status": "failed" if problems else "passed", "recipe": check.recipe, "train_args": list(check.train_args),
+            "steps": check.steps, "resume_at": check.resume_at, "data": str(data),
+            "runs": {run.name: run.figures() for run in result.runs},
             "resume": {"compared_steps": [check.resume_at + 1, check.steps], "max_abs_loss_diff": result.max_abs_loss_diff,
-                       "tolerance": check.tolerance},
+                       "tolerance": check.tolerance,
+                       "runs": {name: {"launcher_args": list(options), "max_abs_loss_diff": result.loss_diffs.get(name)}
+                                for name, options in zip(check.resumed_names, check.resumes, strict=True)}},
             "records": records, "problems": problems}
 
 
@@ -313,9 +327,12 @@ def report(summary: dict) -> str:
                          f" (steps {run['first_step']}..{run['last_step']}), {_fmt(run['tokens_per_s_per_gpu'], ',.0f')} tokens/s/GPU,"
                          f" {_fmt(run['tflops_per_s_per_gpu'], '.3g')} TFLOP/s/GPU, peak {_fmt(run['peak_memory_gib'], '.2f')} GiB,"
                          f" first step after {_fmt(run['time_to_first_step_s'], '.0f')} s")
-        if part.get("resume", {}).get("max_abs_loss_diff") is not None:
-            lines.append(f"    resume: steps {'-'.join(map(str, part['resume']['compared_steps']))} within"
-                         f" {part['resume']['max_abs_loss_diff']:.5f} of the uninterrupted run (tolerance {part['resume']['tolerance']})")
+        resume = part.get("resume", {})
+        for run_name, run in resume.get("runs", {}).items():
+            if run["max_abs_loss_diff"] is not None:
+                options = " ".join(run["launcher_args"]) or "the saving run's options"
+                lines.append(f"    {run_name} ({options}): steps {'-'.join(map(str, resume['compared_steps']))} within"
+                             f" {run['max_abs_loss_diff']:.5f} of the uninterrupted run (tolerance {resume['tolerance']})")
         lines += [f"    problem: {p}" for p in part.get("problems", [])]
     return "\n".join(lines)
 
@@ -334,6 +351,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--recipe", default="tiny-1gpu", help="the train part's recipe (default: tiny-1gpu)")
     parser.add_argument("--steps", type=int, default=20, help="the train part's steps (default: 20)")
     parser.add_argument("--resume-at", type=int, default=10, help="the checkpoint step the second run resumes from (default: 10)")
+    parser.add_argument("--train-args", default="", metavar="'OPTIONS'",
+                        help="launcher options for every train-part run, one quoted string, e.g. "
+                             "'--gpus-per-node 4 --ep 4 --moe-dispatch megatron --reshardable-ckpt on' (default: none)")
+    parser.add_argument("--resume-args", action="append", metavar="'OPTIONS'",
+                        help="one resumed run from the same checkpoint per use, with these launcher options beside "
+                             "--train-args; e.g. --resume-args '' --resume-args '--ep 2' resumes at the saving run's EP "
+                             "and at EP=2 (default: one resumed run, '')")
     parser.add_argument("--data", type=Path, help="the train part's data directory (default: a small corpus built into OUT/train/data)")
     parser.add_argument("--no-record", action="store_true", help="append nothing to patches/manifest.toml")
     parser.add_argument("--pack-jobs", type=int, default=3, metavar="N", help="packs run side by side in the packs part (default: 3)")
@@ -343,11 +367,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def resume_check_from(args: argparse.Namespace) -> ResumeCheck:
+    """The train part's check; its launcher options are refused here, as the launcher would refuse them, before any
+    GPU work."""
+    check = ResumeCheck(recipe=args.recipe, steps=args.steps, resume_at=args.resume_at,
+                        train_args=tuple(_split(args.train_args, "--train-args")),
+                        resumes=tuple(tuple(_split(text, "--resume-args")) for text in (args.resume_args or [""])))
+    for options in check.resumes:
+        try:
+            launcher_recipe(check, options)
+        except (KeyError, RecipeError) as exc:
+            raise ValueError(f"the train part's launcher options {[*check.train_args, *options]}: {exc}") from exc
+        except SystemExit as exc:  # argparse has printed why
+            raise ValueError(f"the train part's launcher options {[*check.train_args, *options]} are not the launcher's") from exc
+    return check
+
+
+def _split(text: str, option: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"{option} {text!r}: {exc}") from exc
+
+
 def options_from(args: argparse.Namespace) -> Options:
     out_dir = args.out_dir or ROOT / "runs" / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"
     return Options(out_dir=out_dir.resolve(), skip=frozenset(n for n in PARTS if getattr(args, f"skip_{n}")),
                    test_paths=tuple(args.tests), record=not args.no_record,
-                   check=ResumeCheck(recipe=args.recipe, steps=args.steps, resume_at=args.resume_at),
+                   check=resume_check_from(args),
                    data=args.data.resolve() if args.data else None, megatron_flags=tuple(args.megatron_flags),
                    concurrent=not args.sequential, pack_jobs=args.pack_jobs)
 

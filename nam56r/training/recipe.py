@@ -132,6 +132,10 @@ class Recipe:
     # The shared expert's GEMMs on a side stream beside Megatron's all-to-all dispatch and combine (Megatron's
     # --moe-shared-expert-overlap). Needs moe_dispatch "megatron".
     moe_shared_expert_overlap: bool = False
+    # The distributed optimizer's checkpoint state per parameter (Megatron's --dist-ckpt-optim-fully-reshardable):
+    # such a checkpoint resumes at another expert-parallel size too. Off, Megatron writes its buffers as they lie
+    # on each rank, which resumes at the same model-parallel layout only, with no gather at save time.
+    reshardable_checkpoints: bool = False
     cuda_graphs: bool = False
     compile_mamba_elementwise: bool = False
     # Logging, evaluation and checkpoints

@@ -5,10 +5,14 @@ The DSA dense warm-up ends between the checkpoint and the last step (`ResumeChec
 the resumed run starts inside the warm-up and switches to sparse attention itself, at Megatron's step
 number (`nam56r.training.phases`); its steps must still repeat the uninterrupted run's.
 
-Both runs go through `python -m nam56r.training.train` (the real launcher, Megatron's `pretrain`) on a small
-corpus built from this machine's PyTorch headers. `python -m nam56r.training.gpu_check` runs it at 20 steps
-resumed from 10; tests/nam56r/test_gpu_train.py at 40 resumed from 20. The first run of a recipe on a
-fresh node compiles the TileLang kernels (a minute or more); later runs find them in TileLang's cache.
+Every run goes through `python -m nam56r.training.train` (the real launcher, Megatron's `pretrain`) on a small
+corpus built from this machine's PyTorch headers. `ResumeCheck.train_args` are launcher options for every run
+(e.g. `--gpus-per-node 4 --mbs 4 --ep 4 --moe-dispatch megatron` spreads the tiny recipe over 4 ranks); each
+entry of `ResumeCheck.resumes` is one resumed run from the same checkpoint with its own extra options (e.g.
+`--ep 2`: a checkpoint saved at EP=4 read at EP=2, which needs `--reshardable-ckpt on` in `train_args`).
+`python -m nam56r.training.gpu_check` runs it at 20 steps resumed from 10; tests/nam56r/test_gpu_train.py at 40
+resumed from 20. The first run of a recipe on a fresh node compiles the TileLang kernels (a minute or more);
+later runs find them in TileLang's cache.
 """
 
 from __future__ import annotations
@@ -40,8 +44,16 @@ class ResumeCheck:
     dense_warmup: int | None = None
     tolerance: float = 0.02  # largest |lm loss difference| allowed on the resumed steps
     timeout_s: float = 1800.0  # per run; the first compiles the TileLang kernels
+    train_args: tuple[str, ...] = ()  # launcher options for every run
+    # One resumed run per entry, each from the step-resume_at checkpoint, with these launcher options beside train_args
+    resumes: tuple[tuple[str, ...], ...] = ((),)
 
     def __post_init__(self) -> None:
+        if not self.resumes:
+            raise ValueError("resumes needs at least one entry (() resumes with the saving run's own options)")
+        for options in (self.train_args, *self.resumes):
+            if "--" in options:
+                raise ValueError(f"launcher options {list(options)} hold '--': Megatron's flags go in megatron_flags")
         if not 0 < self.resume_at < self.steps:
             raise ValueError(f"resume_at {self.resume_at} must lie strictly between 0 and steps {self.steps}")
         if self.warmup >= self.steps:
@@ -52,6 +64,11 @@ class ResumeCheck:
     @property
     def dense_warmup_steps(self) -> int:
         return (self.resume_at + self.steps) // 2 if self.dense_warmup is None else self.dense_warmup
+
+    @property
+    def resumed_names(self) -> tuple[str, ...]:
+        """The resumed runs' names (and directories): resumed, resumed-2, resumed-3, ..."""
+        return tuple("resumed" if i == 0 else f"resumed-{i + 1}" for i in range(len(self.resumes)))
 
 
 @dataclass(frozen=True)
@@ -79,9 +96,15 @@ class TrainRun:
 @dataclass(frozen=True)
 class ResumeResult:
     check: ResumeCheck
-    runs: tuple[TrainRun, ...]  # the uninterrupted run, then the resumed one (absent if the first failed)
-    max_abs_loss_diff: float | None
+    runs: tuple[TrainRun, ...]  # the uninterrupted run, then the resumed ones (absent if the first failed)
+    # each resumed run's largest |lm loss difference| against the uninterrupted run (None: not compared)
+    loss_diffs: dict[str, float | None]
     problems: tuple[str, ...] = field(default=())
+
+    @property
+    def max_abs_loss_diff(self) -> float | None:
+        diffs = list(self.loss_diffs.values())
+        return None if not diffs or None in diffs else max(diffs)
 
     @property
     def ok(self) -> bool:
@@ -110,40 +133,42 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)  # summary.json writes a non-finite loss as null
 
 
-def assess(check: ResumeCheck, full: TrainRun, resumed: TrainRun | None) -> ResumeResult:
-    """Judge the runs from their run directories: both finished and summarized, the uninterrupted
-    run's loss fell, the resumed run starts at step resume_at+1, and its losses repeat the
-    uninterrupted run's within the tolerance. `resumed` is None when the first run failed."""
-    runs = (full,) if resumed is None else (full, resumed)
+def assess(check: ResumeCheck, full: TrainRun, resumed: tuple[TrainRun, ...]) -> ResumeResult:
+    """Judge the runs from their run directories: every run finished and summarized, the uninterrupted
+    run's loss fell, and each resumed run starts at step resume_at+1 and repeats the uninterrupted run's
+    losses within the tolerance. `resumed` is empty when the first run failed."""
+    runs = (full, *resumed)
     problems = []
     for run in runs:
         if run.exit_code != 0:
             problems.append(f"the {run.name} run exited {run.exit_code}; its log ends:\n{run.launch.tail()}")
         elif run.summary() is None:
             problems.append(f"the {run.name} run wrote no {RunDir(run.run_dir).summary}")
-    if resumed is None and not problems:
+    if not resumed and not problems:
         problems.append("the resumed run did not run")
-    if problems or resumed is None:
-        return ResumeResult(check, runs, None, tuple(problems))
+    diffs: dict[str, float | None] = {run.name: None for run in resumed}
+    if problems:
+        return ResumeResult(check, runs, diffs, tuple(problems))
     figures = full.figures()
     if not (_finite(figures["loss_first"]) and _finite(figures["loss_last"])):
         problems.append(f"the full run's {LOSS_TAG} is not finite: {figures['loss_first']} -> {figures['loss_last']}")
     elif figures["loss_last"] >= figures["loss_first"]:
         problems.append(f"the full run's {LOSS_TAG} did not fall: {figures['loss_first']:.4f} -> {figures['loss_last']:.4f}")
-    diff = None
-    try:
-        full_curve = loss_curve(resolve_tensorboard_dir(full.run_dir))
-        resumed_curve = loss_curve(resolve_tensorboard_dir(resumed.run_dir))
-        if resumed_curve[0][0] != check.resume_at + 1:
-            problems.append(f"the resumed run's first logged step is {resumed_curve[0][0]}, not {check.resume_at + 1}:"
-                            " it did not continue from its checkpoint")
-        diff = compare_loss_curves(full_curve, resumed_curve, range(check.resume_at + 1, check.steps + 1))
-    except (FileNotFoundError, ValueError) as exc:
-        problems.append(f"cannot compare the resumed steps with the uninterrupted run: {exc}")
-    if diff is not None and not diff < check.tolerance:
-        problems.append(f"resumed steps {check.resume_at + 1}-{check.steps} differ from the uninterrupted run by up to"
-                        f" {diff:.5f} (tolerance {check.tolerance})")
-    return ResumeResult(check, runs, diff, tuple(problems))
+    for run in resumed:
+        try:
+            full_curve = loss_curve(resolve_tensorboard_dir(full.run_dir))
+            resumed_curve = loss_curve(resolve_tensorboard_dir(run.run_dir))
+            if resumed_curve[0][0] != check.resume_at + 1:
+                problems.append(f"the {run.name} run's first logged step is {resumed_curve[0][0]}, not {check.resume_at + 1}:"
+                                " it did not continue from its checkpoint")
+            diffs[run.name] = compare_loss_curves(full_curve, resumed_curve, range(check.resume_at + 1, check.steps + 1))
+        except (FileNotFoundError, ValueError) as exc:
+            problems.append(f"cannot compare the {run.name} run's steps with the uninterrupted run: {exc}")
+        diff = diffs[run.name]
+        if diff is not None and not diff < check.tolerance:
+            problems.append(f"the {run.name} run's steps {check.resume_at + 1}-{check.steps} differ from the uninterrupted run"
+                            f" by up to {diff:.5f} (tolerance {check.tolerance})")
+    return ResumeResult(check, runs, diffs, tuple(problems))
 
 
 def drop_checkpoint(checkpoints: Path, step: int) -> None:
@@ -156,21 +181,26 @@ def drop_checkpoint(checkpoints: Path, step: int) -> None:
 def run_resume_check(check: ResumeCheck, out_dir: Path, data: Path, python: str = sys.executable,
                      megatron_flags: tuple[str, ...] = (), echo: bool = True) -> ResumeResult:
     """The uninterrupted run (checkpoints at resume_at and at the end; the last is dropped once it ends) in OUT/full,
-    then the run resumed from its step-resume_at checkpoint in OUT/resumed, judged by `assess`. `megatron_flags` go to both
-    runs after `--`."""
-    common = ["--recipe", check.recipe, "--warmup", str(check.warmup), "--steps", str(check.steps),
+    then each resumed run (`ResumeCheck.resumes`) from its step-resume_at checkpoint in OUT/<name>, one after another,
+    judged by `assess`. `megatron_flags` go to every run after `--`."""
+    common = ["--recipe", check.recipe, *check.train_args, "--warmup", str(check.warmup), "--steps", str(check.steps),
               "--dense-warmup-steps", str(check.dense_warmup_steps), "--data", str(data)]
-    full_dir, resumed_dir = out_dir / "full", out_dir / "resumed"
+    full_dir = out_dir / "full"
     extra = ["--", *megatron_flags] if megatron_flags else []
     launch = train_run("full", full_dir, [*common, "--save-interval", str(check.resume_at), *extra], python, check.timeout_s, echo)
     full = TrainRun("full", full_dir, launch)
     if full.exit_code != 0:
-        return assess(check, full, None)
+        return assess(check, full, ())
     drop_checkpoint(RunDir(full_dir).checkpoints, check.steps)
-    launch = train_run(
-        "resumed", resumed_dir,
-        [*common, "--save-interval", str(check.steps), "--load", str(RunDir(full_dir).checkpoints),
-         "--save", str(RunDir(resumed_dir).checkpoints), "--", *megatron_flags, "--ckpt-step", str(check.resume_at)],
-        python, check.timeout_s, echo,
-    )
-    return assess(check, full, TrainRun("resumed", resumed_dir, launch))
+    resumed = []
+    for name, options in zip(check.resumed_names, check.resumes, strict=True):
+        run_dir = out_dir / name
+        launch = train_run(
+            name, run_dir,
+            [*common, *options, "--save-interval", str(check.steps), "--load", str(RunDir(full_dir).checkpoints),
+             "--save", str(RunDir(run_dir).checkpoints), "--", *megatron_flags, "--ckpt-step", str(check.resume_at)],
+            python, check.timeout_s, echo,
+        )
+        resumed.append(TrainRun(name, run_dir, launch))
+        drop_checkpoint(RunDir(run_dir).checkpoints, check.steps)  # never read; each would take a checkpoint's disk
+    return assess(check, full, tuple(resumed))

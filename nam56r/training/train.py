@@ -91,6 +91,7 @@ def recipe_from(args: argparse.Namespace, kernels: bool = True) -> Recipe:
         cuda_graphs=on_off[args.cuda_graphs],
         overlap_dp_comm=on_off[args.overlap_dp_comm],
         moe_shared_expert_overlap=on_off[args.moe_shared_expert_overlap],
+        reshardable_checkpoints=on_off[args.reshardable_ckpt],
         linear_ce=args.linear_ce,
         moe_dispatch=args.moe_dispatch,
         expert_activation=args.expert_activation,
@@ -264,7 +265,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         f"tp={recipe.tp} pp={recipe.pp} ep={recipe.ep} dp={recipe.data_parallel}, mbs={recipe.micro_batch} gbs={recipe.global_batch}, "
         f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}, recompute {recipe.recompute}, "
         f"overlap-dp-comm {'on' if recipe.overlap_dp_comm else 'off'}, "
-        f"moe-shared-expert-overlap {'on' if recipe.moe_shared_expert_overlap else 'off'}"
+        f"moe-shared-expert-overlap {'on' if recipe.moe_shared_expert_overlap else 'off'}, "
+        f"reshardable-ckpt {'on' if recipe.reshardable_checkpoints else 'off'}"
     )
     print(f"paths: linear-ce {recipe.linear_ce}, dsa-indexer {recipe.dsa_indexer}, index-cache {'on' if recipe.index_cache else 'off'}, "
           f"moe-dispatch {recipe.moe_dispatch}, expert-activation {model.moe.expert_activation}")

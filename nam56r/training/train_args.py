@@ -72,6 +72,11 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                        help="run the MoE shared expert on a side stream beside Megatron's all-to-all dispatch and combine "
                             "(Megatron's --moe-shared-expert-overlap); needs --moe-dispatch megatron, the EP > 1 recipes' "
                             "(default: off in every recipe)")
+    shape.add_argument("--reshardable-ckpt", choices=("on", "off"),
+                       help="write the distributed optimizer's checkpoint state per parameter (Megatron's "
+                            "--dist-ckpt-optim-fully-reshardable), so a checkpoint resumes at another expert-parallel size; "
+                            "each save gathers the optimizer state on data-parallel rank 0. Off, a checkpoint resumes only "
+                            "at its own expert-parallel size (default: off in every recipe)")
     shape.add_argument("--cuda-graphs", choices=("on", "off"), help="CUDA graphs (refused at pp=1)")
     shape.add_argument("--linear-ce", choices=get_args(LinearCE),
                        help="LM head and MTP heads: our chunked linear cross-entropy through Megatron patch 0016 (chunked, "

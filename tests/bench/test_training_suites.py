@@ -106,7 +106,7 @@ def test_the_trace_directory_is_where_megatron_writes_for_our_flags(megatron_bui
     assert fnmatch.fnmatch("rank-0.json.gz", TRACE_GLOB)
 
 
-@pytest.mark.parametrize(("recipe", "global_batch"), [("proxy", 2), ("nam56r", 2), ("nam56r-2gpu", 4)])
+@pytest.mark.parametrize(("recipe", "global_batch"), [("proxy", 2), ("nam56r", 2), ("nam56r-2gpu", 4), ("nam56r-4gpu", 8)])
 def test_bench_training_runs_save_no_checkpoint(recipe: str, global_batch: int, tmp_path: Path, megatron_built,
                                                 capsys: pytest.CaptureFixture) -> None:
     """Each bench run is the users' command, which nam56r.training.train's own parser and Megatron's accept
@@ -296,7 +296,8 @@ def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path
 def test_a_model_is_prewarmed_for_its_recipe_and_preset_through_the_prewarm_command_line() -> None:
     from nam56r.training.kernel_prewarm import build_parser
 
-    for model, recipe, preset in (("proxy", "proxy-1gpu", None), ("nam56r", "h200x8-bf16", None), ("nam56r-2gpu", "h200x2-ep2", "nam56r")):
+    for model, recipe, preset in (("proxy", "proxy-1gpu", None), ("nam56r", "h200x8-bf16", None), ("nam56r-2gpu", "h200x2-ep2", "nam56r"),
+                                  ("nam56r-4gpu", "h200x8-bf16", None)):
         command = prewarm_command(model, (1, 2, 3, 4))
         assert command[1:3] == ["-m", "nam56r.training.kernel_prewarm"]
         args = build_parser().parse_args(command[3:])

@@ -311,3 +311,26 @@ def test_the_resume_check_drops_the_unread_last_checkpoint_before_resuming(tmp_p
     monkeypatch.setattr(resume_check, "train_run", fake_train)
     resume_check.run_resume_check(check, tmp_path, tmp_path / "data", echo=False)
     assert seen == [["iter_0000010"]]
+
+
+def test_each_resumed_run_reads_the_same_checkpoint_with_its_own_options(tmp_path, monkeypatch):
+    import nam56r.training.resume_check as resume_check
+    from nam56r.training.logged_run import LoggedRun
+
+    check = resume_check.ResumeCheck(steps=20, resume_at=10, train_args=("--ep", "4"), resumes=((), ("--ep", "2")))
+    launched: dict[str, list[str]] = {}
+
+    def fake_train(name, run_dir, args, *a, **k):
+        launched[name] = args
+        return LoggedRun(["train"], 0, 0.0, tmp_path / f"{name}.log")
+
+    monkeypatch.setattr(resume_check, "train_run", fake_train)
+    resume_check.run_resume_check(check, tmp_path, tmp_path / "data", echo=False)
+    assert list(launched) == ["full", "resumed", "resumed-2"]
+    full_checkpoints = str(tmp_path / "full" / "checkpoints")
+    for name in ("resumed", "resumed-2"):
+        args = launched[name]
+        assert args[args.index("--load") + 1] == full_checkpoints and args[args.index("--ckpt-step") + 1] == "10"
+    # argparse keeps the last --ep: the saving run's for "resumed", 2 for "resumed-2"
+    assert [a for i, a in enumerate(launched["resumed"]) if launched["resumed"][i - 1] == "--ep"] == ["4"]
+    assert [a for i, a in enumerate(launched["resumed-2"]) if launched["resumed-2"][i - 1] == "--ep"] == ["4", "2"]

@@ -191,7 +191,7 @@ def test_train_part_has_each_runs_figures_the_resume_difference_and_the_records(
                     first_step_after_s=20.0)
     opts = Options(out_dir=tmp_path, root=tmp_path / "checkout", echo=False)
 
-    part = train_summary(opts, assess(check, _run("full", tmp_path / "train" / "full"), _run("resumed", tmp_path / "train" / "resumed")),
+    part = train_summary(opts, assess(check, _run("full", tmp_path / "train" / "full"), (_run("resumed", tmp_path / "train" / "resumed"),)),
                          tmp_path / "data")
 
     assert part["status"] == "passed", part["problems"]
@@ -201,6 +201,7 @@ def test_train_part_has_each_runs_figures_the_resume_difference_and_the_records(
     assert full["time_to_first_step_s"] == pytest.approx(80.0, abs=1.0) and resumed["time_to_first_step_s"] == pytest.approx(20.0, abs=1.0)
     assert full["peak_memory_gib"] == pytest.approx(4.0) and full["tokens_per_s_per_gpu"] > 0 and full["tflops_per_s_per_gpu"] > 0
     assert part["resume"]["compared_steps"] == [11, 20] and part["resume"]["max_abs_loss_diff"] == pytest.approx(0.001, abs=1e-5)
+    assert part["resume"]["runs"]["resumed"]["launcher_args"] == []
     manifest = tomllib.loads((tmp_path / "checkout" / "patches" / "manifest.toml").read_text())["record"]
     assert [(r["kind"], r["first_step"], r["last_step"]) for r in manifest] == [("train", 1, 20), ("train", 11, 20)]
     assert [r["run_dir"] for r in part["records"]] == [r["run_dir"] for r in manifest]
@@ -211,11 +212,53 @@ def test_train_part_fails_when_the_resumed_curve_departs_or_the_resume_restarted
     write_train_run(tmp_path / "full", range(1, 21))
     write_train_run(tmp_path / "restarted", range(1, 21), loss=lambda step: lm_loss(step) + 0.5)
 
-    result = assess(check, _run("full", tmp_path / "full"), _run("resumed", tmp_path / "restarted"))
+    result = assess(check, _run("full", tmp_path / "full"), (_run("resumed", tmp_path / "restarted"),))
 
     assert not result.ok
     assert any("first logged step is 1, not 11: it did not continue from its checkpoint" in p for p in result.problems)
     assert any("differ from the uninterrupted run by up to 0.50000 (tolerance 0.02)" in p for p in result.problems)
+
+
+def test_each_resumed_run_is_judged_on_its_own_and_the_summary_names_its_options(tmp_path: Path) -> None:
+    """Two resumed runs from one checkpoint (the saving run's EP, then EP=2): the one that departs fails the part
+    by name, and the summary and report give each run's options and difference."""
+    check = ResumeCheck(steps=20, resume_at=10, train_args=("--ep", "4"), resumes=((), ("--ep", "2")))
+    write_train_run(tmp_path / "train" / "full", range(1, 21))
+    write_train_run(tmp_path / "train" / "resumed", range(11, 21), loss=lambda step: lm_loss(step) + 0.002)
+    write_train_run(tmp_path / "train" / "resumed-2", range(11, 21), loss=lambda step: lm_loss(step) + 0.3)
+    opts = Options(out_dir=tmp_path, root=tmp_path / "checkout", echo=False, record=False)
+    runs = tuple(_run(name, tmp_path / "train" / name) for name in check.resumed_names)
+
+    part = train_summary(opts, assess(check, _run("full", tmp_path / "train" / "full"), runs), tmp_path / "data")
+
+    assert check.resumed_names == ("resumed", "resumed-2") and part["status"] == "failed"
+    assert part["problems"] == ["the resumed-2 run's steps 11-20 differ from the uninterrupted run by up to 0.30000 (tolerance 0.02)"]
+    runs = part["resume"]["runs"]
+    assert runs["resumed"]["launcher_args"] == [] and runs["resumed"]["max_abs_loss_diff"] == pytest.approx(0.002, abs=1e-5)
+    assert runs["resumed-2"]["launcher_args"] == ["--ep", "2"] and runs["resumed-2"]["max_abs_loss_diff"] == pytest.approx(0.3, abs=1e-5)
+    assert part["resume"]["max_abs_loss_diff"] == pytest.approx(0.3, abs=1e-5) and part["train_args"] == ["--ep", "4"]
+    summary = {"status": "failed", "seconds": 1.0, "host": {"gpu": "cpu"}, "commit": "0" * 40, "dirty": False,
+               "parts": {"train": {**part, "seconds": 1.0}}}
+    text = report(summary)
+    assert "resumed (the saving run's options): steps 11-20 within 0.00200" in text
+    assert "resumed-2 (--ep 2): steps 11-20 within 0.30000" in text
+
+
+def test_the_train_parts_launcher_options_are_the_launchers_and_are_refused_before_any_run(tmp_path: Path, capsys) -> None:
+    four_ranks = "--gpus-per-node 4 --mbs 4 --ep 4 --moe-dispatch megatron --reshardable-ckpt on"
+    args = parse_args(["--out-dir", str(tmp_path), "--train-args", four_ranks,
+                       "--resume-args", "", "--resume-args", "--ep 2"])
+    check = options_from(args).check
+    assert check.train_args == ("--gpus-per-node", "4", "--mbs", "4", "--ep", "4", "--moe-dispatch", "megatron", "--reshardable-ckpt", "on")
+    assert check.resumes == ((), ("--ep", "2"))
+    assert options_from(parse_args(["--out-dir", str(tmp_path)])).check.resumes == ((),)
+    # the tiny model's 4 experts do not split over 3 expert-parallel ranks: the recipe's own check refuses it
+    assert main(["--out-dir", str(tmp_path), "--train-args", "--gpus-per-node 3 --mbs 4 --gbs 12 --ep 3 --moe-dispatch megatron"]) == 2
+    assert "the train part's launcher options" in capsys.readouterr().err
+    assert main(["--out-dir", str(tmp_path), "--resume-args=--no-such-option"]) == 2
+    assert "are not the launcher's" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="hold '--'"):
+        ResumeCheck(train_args=("--", "--lr", "1"))
 
 
 def test_a_failed_part_fails_the_check_and_the_summary_says_why(tmp_path: Path) -> None:
@@ -233,6 +276,7 @@ def test_a_failed_part_fails_the_check_and_the_summary_says_why(tmp_path: Path) 
     assert train["status"] == "failed" and train["seconds"] >= 0 and train["records"] == []
     assert "the full run exited 2" in train["problems"][0] and "invalid choice: 'no-such-recipe'" in train["problems"][0]
     assert train["runs"]["full"]["exit_code"] == 2 and "resumed" not in train["runs"]
+    assert train["resume"]["runs"]["resumed"]["max_abs_loss_diff"] is None
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
     assert summary["host"]["gpu"] == "cpu" and summary["schema"] == "nam56r.gpu_check/1" and summary["finished_utc"]
     text = report(summary)

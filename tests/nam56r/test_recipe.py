@@ -148,3 +148,13 @@ def test_moe_shared_expert_overlap_lowers_to_megatrons_flag_beside_its_all_to_al
     assert margs.moe_shared_expert_overlap and cfg.moe_shared_expert_overlap and cfg.moe_token_dispatcher_type == "alltoall"
     with pytest.raises(RecipeError, match="moe_dispatch 'fused-permute' has no communication to overlap"):
         get_recipe("proxy-1gpu", moe_shared_expert_overlap=True)
+
+
+def test_reshardable_checkpoints_lower_to_megatrons_fully_reshardable_optimizer_state(megatron_built):
+    _, margs, _ = _validated(get_recipe("h200x8-bf16", gpus_per_node=4, reshardable_checkpoints=True))
+    assert margs.use_distributed_optimizer and margs.dist_ckpt_optim_fully_reshardable
+    _, margs, _ = _validated(get_recipe("h200x8-bf16", gpus_per_node=4))
+    assert not margs.dist_ckpt_optim_fully_reshardable
+    # one rank has no distributed optimizer: its optimizer state is per parameter already, and no flag is needed
+    argv, _, _ = _validated(get_recipe("proxy-1gpu", reshardable_checkpoints=True))
+    assert "--dist-ckpt-optim-fully-reshardable" not in argv and "--use-distributed-optimizer" not in argv
