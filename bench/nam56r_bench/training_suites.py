@@ -66,9 +66,12 @@ FIRST_STEP = re.compile(r"iteration\s+1/")
 # Megatron's print_datetime milestones ("[after model, optimizer, and learning rate scheduler are built] datetime: ..."):
 # where the time to the first step goes (initialisation, model build, data loaders, then the first step's compiles).
 MILESTONE = re.compile(r"\[(?P<what>after [^\]]+)\] datetime: ")
-# An exception a rank printed ("[default0]: torch.OutOfMemoryError: CUDA out of memory. ..."). A failed run's first
-# one is its cause; torchrun's closing ChildFailedError and summary name only the exit codes, and fill the log's tail.
-EXCEPTION_LINE = re.compile(r"^(?:\[[\w ]+\]:?\s*)*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): ")
+# An exception a rank printed ("[default0]: torch.OutOfMemoryError: CUDA out of memory. ...", or a bare
+# "[default0]:[rank0]: AssertionError" from an assert without a message). A failed run's first one is its cause;
+# torchrun's closing ChildFailedError and summary name only the exit codes, and fill the log's tail.
+EXCEPTION_LINE = re.compile(r"^(?:\[[\w ]+\]:?\s*)*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?:: |\s*$)")
+# A line a rank printed through torchrun's --tee ("[default0]:..."): what the ranks said last, apart from torchrun's own
+RANK_LINE = re.compile(r"^\[default\d+\]:")
 
 
 def models(ctx: Context) -> tuple[str, ...]:
@@ -129,6 +132,7 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
     milestones: dict[str, float] = {}
     startup_lines: list[str] = []
     tail: list[str] = []
+    rank_tail: list[str] = []
     cause: str | None = None
     clock = {STARTUP_T0_ENV: repr(time.time())}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -136,6 +140,8 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
     assert proc.stdout is not None
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-40:]
+        if RANK_LINE.match(line):
+            rank_tail = (rank_tail + [line.rstrip()])[-20:]
         if cause is None and EXCEPTION_LINE.search(line) and "ChildFailedError" not in line:
             cause = line.strip()
         if first_step_s is None and STARTUP_MARK.search(line):
@@ -149,7 +155,8 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
     summary_file = RunDir(run_dir).summary
     summary = json.loads(summary_file.read_text()) if code == 0 and summary_file.exists() else None
     return {"exit": code, "wall_s": time.perf_counter() - start, "first_step_s": first_step_s, "milestones_s": milestones,
-            "startup_s": read_marks(startup_lines), "summary": summary, "tail": tail, "cause": cause}
+            "startup_s": read_marks(startup_lines), "summary": summary, "tail": tail, "rank_tail": rank_tail,
+            "cause": cause}
 
 
 # The launcher options the training suites set themselves, per row (`train_command` and `_train_step_row`).
@@ -201,7 +208,8 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
              "milestones_s": result["milestones_s"], "startup_s": result["startup_s"], **run_settings(run_dir)}
     summary = result["summary"]
     if summary is None:
-        return Row(case, "patched", extra={**extra, "error": failure_reason(result), "log_tail": "\n".join(result["tail"][-15:])})
+        return Row(case, "patched", extra={**extra, "error": failure_reason(result), "log_tail": "\n".join(result["tail"][-15:]),
+                                           "rank_log_tail": "\n".join(result.get("rank_tail", []))})
     figures, medians = headline(summary), summary["median_over_window"]
     tflops = figures.tflops_per_s_per_gpu
     extra.update(tokens_per_s_per_gpu=figures.tokens_per_s_per_gpu, tflops_per_s_per_gpu=tflops, mfu=tflops / peak,
@@ -362,11 +370,11 @@ def gpu_capacity_gib() -> float:
 
 def failure_reason(result: dict) -> str:
     """Why a `train` run stopped: the first exception a rank printed, else an out-of-memory line in the log's tail,
-    else the tail's last lines."""
+    else the ranks' last lines, else the tail's last lines."""
     if result.get("cause"):
         return result["cause"][-400:]
     reason = next((line for line in reversed(result["tail"]) if "OutOfMemoryError" in line or "out of memory" in line), None)
-    return (reason or "\n".join(result["tail"][-5:]))[-400:]
+    return (reason or "\n".join(result.get("rank_tail") or result["tail"][-5:]))[-400:]
 
 
 def _attempt(result: dict) -> dict:

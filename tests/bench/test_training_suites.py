@@ -376,6 +376,24 @@ def test_a_failed_run_names_the_exception_a_rank_raised_not_torchruns_summary(tm
     assert failure_reason({"tail": ["a", "b"]}) == "a\nb"
 
 
+def test_a_bare_assertion_a_rank_raised_is_the_cause_and_the_ranks_last_lines_come_next(tmp_path: Path, monkeypatch) -> None:
+    """Real torchrun, two ranks failing an `assert` with no message (Megatron's buffers hold such asserts): the rank's
+    'AssertionError' line, with nothing after the name, is the cause. Without any exception line, the ranks' own last
+    lines, not torchrun's summary, say why."""
+    from nam56r_bench import training_suites
+
+    script = tmp_path / "fails.py"
+    script.write_text("print('bucket ready', flush=True)\nhandle = None\nassert handle is not None\n")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "--log-dir",
+               str(tmp_path / "logs"), "--tee", "3", str(script)]
+    monkeypatch.setattr(training_suites, "train_command", lambda *args, **kwargs: command)
+    result = training_suites.train("proxy", tmp_path / "run", mbs=1, steps=1)
+    assert result["exit"] != 0 and result["cause"].startswith("[default") and result["cause"].endswith("AssertionError")
+    assert any(line.endswith("bucket ready") for line in result["rank_tail"])
+    rank_lines = ["[default0]:[rank0]: bucket 3 not ready", "[default1]:[rank1]: bucket 3 not ready"]
+    assert failure_reason({"cause": None, "tail": ["torchrun summary"], "rank_tail": rank_lines}) == "\n".join(rank_lines)
+
+
 def test_train_step_runs_each_train_args_entry_through_the_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                      megatron_built, capsys: pytest.CaptureFixture) -> None:
     """`--train-args '' --train-args '--overlap-dp-comm on --moe-shared-expert-overlap on'`: one row each, before and
