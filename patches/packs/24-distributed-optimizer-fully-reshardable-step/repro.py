@@ -24,8 +24,9 @@ groups.
 The optimizer and checkpoint code assume CUDA in four places, answered for CPU here and nowhere else: the
 optimizer sorts parameters by `param.type()` ('torch.cuda.BFloat16Tensor' ...), makes scalars with
 device='cuda' and moves the gathered state with `.cuda()` (a TorchFunctionMode reports CPU tensors by their
-dtype's CUDA type name, puts device='cuda' factories on CPU and leaves `.cuda()` tensors where they are); DDP's buffers and the checkpoint's flags use `torch.cuda.current_device()` (the CPU device
-here); the checkpoint writer calls `torch.cuda.synchronize()` after its host copies (a no-op here).
+dtype's CUDA type name, puts device='cuda' factories on CPU and leaves `.cuda()` tensors where they are);
+DDP's buffers and the checkpoint's flags use `torch.cuda.current_device()` (the CPU device here); the checkpoint
+writer calls `torch.cuda.synchronize()` after its host copies (a no-op here).
 
 Prints, after the host stamp line:
   BUG_REPRODUCED  the load raises KeyError: 'step', or a restored main parameter, moment or step differs from
