@@ -53,6 +53,7 @@ from nam56r.training.launch_gate import LaunchGate
 from nam56r.training.phases import DsaPhases
 from nam56r.training.recall_probe import RecallSchedule
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
+from nam56r.training.resume_layout import check_resume
 from nam56r.training.run_dir import RunDir
 from nam56r.training.startup_marks import mark, start_clock
 from nam56r.training.train_args import parse_args
@@ -203,7 +204,9 @@ def resolve_backend_for(recipe: Recipe, dry_run: bool) -> tuple[str, str | None]
         return "te", str(exc)
 
 
-def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> str:
+def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> tuple[str, argparse.Namespace]:
+    """Megatron's parser and config checks over the lowered flags, and our model against what they built: a line
+    saying so, and Megatron's parsed args."""
     with contextlib.redirect_stdout(io.StringIO()):
         try:
             margs = megatron_validate(argv, recipe.world_size)
@@ -215,7 +218,8 @@ def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> str:
         raise TrainError("the flags describe another model than the config:\n  " + "\n  ".join(mismatches))
     if clashes := recompute_mismatches(recipe, megatron_cfg):
         raise TrainError("the flags' activation recompute is not the recipe's:\n  " + "\n  ".join(clashes))
-    return f"validated by Megatron's parser as {recipe.world_size} rank(s); its model config matches NAM56R's ({len(argv)} args)"
+    return (f"validated by Megatron's parser as {recipe.world_size} rank(s); its model config matches NAM56R's ({len(argv)} args)",
+            margs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,11 +312,18 @@ def _checks(megatron_argv: list[str], recipe: Recipe, model, backend_problem: st
     if backend_problem:
         report.add("backend", False, backend_problem)
     try:
-        print(f"megatron flags: {validate_with_megatron(megatron_argv, recipe, model)}")
+        validated, margs = validate_with_megatron(megatron_argv, recipe, model)
+        print(f"megatron flags: {validated}")
     except TrainError as exc:
         if not dry_run:
             raise
         report.add("megatron flags", False, str(exc))
+    else:
+        try:
+            if (resumes := check_resume(margs)) is not None:
+                report.add("resume", True, resumes)
+        except ValueError as exc:
+            report.add("resume", False, str(exc))
     print("preflight:")
     print(report.format())
     print(f"preflight: {'passed' if not report.failures else f'{len(report.failures)} check(s) failed'}")
@@ -365,8 +376,9 @@ def launch_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _dry_run_status(report) -> int:
-    """A dry run on a machine without a GPU still succeeds; flags Megatron rejects do not."""
-    return 1 if any(check.name == "megatron flags" for check in report.failures) else 0
+    """A dry run on a machine without a GPU still succeeds; flags Megatron rejects, and a checkpoint this layout cannot
+    resume from, do not."""
+    return 1 if any(check.name in ("megatron flags", "resume") for check in report.failures) else 0
 
 
 def _write_run_files(run: RunPaths, model, recipe: Recipe, command: str) -> None:

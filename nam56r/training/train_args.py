@@ -95,7 +95,10 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
     io_group.add_argument("--valid-data", type=Path, help="validation prefix, when --data is a prefix")
     io_group.add_argument("--tokenizer", type=Path, help="HuggingFace tokenizer directory, when --data is a prefix")
     io_group.add_argument("--save", type=Path, help="checkpoint directory (default RUN_DIR/checkpoints)")
-    io_group.add_argument("--load", type=Path, help="resume from this checkpoint directory")
+    io_group.add_argument("--load", type=Path,
+                          help="resume from this checkpoint directory; checked before the ranks start: a checkpoint saved at "
+                               "another expert-parallel size is refused where its optimizer state cannot load "
+                               "(nam56r.training.resume_layout)")
     io_group.add_argument("--no-save", action="store_true", help="write no checkpoint (throughput runs); refused with --save")
     io_group.add_argument("--run-dir", type=Path, help="logs, events, summary and plot (default runs/<recipe>-<time>)")
     multi = parser.add_argument_group("several nodes")
