@@ -89,6 +89,7 @@ class GroupedMLPExperts(SequentialMLP):
             permuted_probs = torch.ones_like(permuted_probs)
         if not torch.is_tensor(tokens_per_expert):
             tokens_per_expert = torch.as_tensor(tokens_per_expert)
+        self._run_expert_forward_pre_hooks()
         fc1_weight = torch.stack([expert.linear_fc1.weight for expert in self.local_experts])
         fc2_weight = torch.stack([expert.linear_fc2.weight for expert in self.local_experts])
         output = grouped_mlp(
@@ -101,3 +102,16 @@ class GroupedMLPExperts(SequentialMLP):
             fused_activation=self.fused_activation,
         )
         return output, None
+
+    def _run_expert_forward_pre_hooks(self) -> None:
+        """Run the forward pre-hooks of the experts' modules, which SequentialMLP's forward would run and this one
+        does not: it reads their weights directly. Megatron's DDP with --overlap-param-gather waits for a module's
+        all-gathered parameters in that module's forward pre-hook; at EP > 1 the experts' parameters fill a buffer of
+        their own, so without this its all-gathers are never waited on (stale weights, then an assertion when the
+        next step dispatches them again)."""
+        for module in self.local_experts.modules():
+            for hook_id, hook in module._forward_pre_hooks.items():
+                if hook_id in module._forward_pre_hooks_with_kwargs:
+                    hook(module, (), {})
+                else:
+                    hook(module, ())

@@ -33,6 +33,12 @@ from nam56r.training.run_dir import RunDir
 REFUSED_FLAGS = {
     "--mock-data": "mock data",
     "--tokenizer-type=NullTokenizer": "the null tokenizer",
+    # Megatron waits for a module's all-gathered weights in that module's forward pre-hook. The LM head's and MTP
+    # heads' fused linear CE (patches 0007/0008) read the output layer's weight without running its forward, and that
+    # weight fills a bucket of its own: its all-gather would never be waited on.
+    "--overlap-param-gather": "--overlap-param-gather (the fused linear CE heads read the output layer's weight outside "
+                              "its forward, where Megatron waits for the all-gather; --overlap-dp-comm on overlaps the "
+                              "gradient reduce-scatter)",
 }
 
 
@@ -122,7 +128,7 @@ def _optional_run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend:
         if recipe.reshardable_checkpoints:
             args += ["--dist-ckpt-optim-fully-reshardable"]
     if recipe.overlap_dp_comm:
-        args += ["--overlap-grad-reduce", "--overlap-param-gather"]
+        args += ["--overlap-grad-reduce"]
     if recipe.moe_shared_expert_overlap:
         args += ["--moe-shared-expert-overlap"]
     if backend == "local":

@@ -125,9 +125,9 @@ class Recipe:
     indexer_recall: RecallSchedule = field(default_factory=RecallSchedule)
     recompute: Recompute = Recompute()  # activation recompute per block family
     # Runtime switches, each explicit
-    # Data-parallel communication overlapped with compute (Megatron's --overlap-grad-reduce and
-    # --overlap-param-gather): the distributed optimizer's gradient reduce-scatter during the backward and its
-    # parameter all-gather during the next forward. Needs data parallel > 1.
+    # Data-parallel communication overlapped with compute (Megatron's --overlap-grad-reduce): the distributed
+    # optimizer's gradient reduce-scatter during the backward. Needs data parallel > 1. The parameter all-gather
+    # stays after the optimizer step: --overlap-param-gather is refused (nam56r.training.flags.REFUSED_FLAGS).
     overlap_dp_comm: bool = False
     # The shared expert's GEMMs on a side stream beside Megatron's all-to-all dispatch and combine (Megatron's
     # --moe-shared-expert-overlap). Needs moe_dispatch "megatron".

@@ -65,10 +65,9 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                             "(fused, the default there; nam56r_kernels.expert_activation) or Megatron's eager ops (eager, "
                             "and the te backend's, whose grouped experts run TE's own activation)")
     shape.add_argument("--overlap-dp-comm", choices=("on", "off"),
-                       help="overlap the distributed optimizer's gradient reduce-scatter with the backward and its parameter "
-                            "all-gather with the next forward (Megatron's --overlap-grad-reduce --overlap-param-gather); "
-                            "needs data parallel > 1. Not a measured lever: the full model on 2xH200 at EP=2 exits at the "
-                            "first step with it (default: off in every recipe)")
+                       help="overlap the distributed optimizer's gradient reduce-scatter with the backward (Megatron's "
+                            "--overlap-grad-reduce); needs data parallel > 1. Its parameter all-gather stays after the "
+                            "optimizer step: Megatron's --overlap-param-gather is refused (default: off in every recipe)")
     shape.add_argument("--moe-shared-expert-overlap", choices=("on", "off"),
                        help="run the MoE shared expert on a side stream beside Megatron's all-to-all dispatch and combine "
                             "(Megatron's --moe-shared-expert-overlap); needs --moe-dispatch megatron, the EP > 1 recipes' "

@@ -131,3 +131,46 @@ def test_rejects_unsupported_settings(groups, overrides, message):
     config = dataclasses.replace(make_config(), **overrides)
     with pytest.raises(ValueError, match=message):
         GroupedMLPExperts(NUM_EXPERTS, config, submodules, pg_collection=groups)
+
+
+def test_runs_the_forward_pre_hooks_sequential_mlp_runs(groups):
+    """Megatron's DDP waits for a module's all-gathered parameters in that module's forward pre-hook. The grouped
+    experts read their experts' weights without running the experts' forward, so they run those hooks themselves:
+    every module that holds parameters has its pre-hook run, as under SequentialMLP."""
+    sequential, grouped = build_pair(groups, make_config())
+    counts = [5, 7, 3, 9]
+    x, probs = torch.randn(sum(counts), 64), torch.rand(sum(counts))
+    for module in (sequential, grouped):
+        names = {sub: name for name, sub in module.named_modules()}
+        ran: list[str] = []
+        for sub in module.modules():
+            sub.register_forward_pre_hook(lambda m, args, ran=ran, names=names: ran.append(names[m]))
+        module(x, torch.tensor(counts), probs)
+        holders = {name for name, sub in module.named_modules() if any(True for _ in sub.parameters(recurse=False))}
+        assert holders and holders <= set(ran), f"{type(module).__name__}: no pre-hook ran for {sorted(holders - set(ran))}"
+
+
+def test_megatron_ddp_with_overlapped_param_gather_waits_for_the_experts_weights(groups, monkeypatch):
+    """Megatron's real DistributedDataParallel with --overlap-param-gather around the grouped experts (a one-rank gloo
+    group on CPU; its CUDA device and type-name queries answered for CPU as tests/nam56r/checkpoint_worker.py does).
+    Each step dispatches the parameter all-gathers, then the forward must wait for them: without the experts' pre-hooks
+    the next dispatch fails Megatron's bare `assert self.param_gather_handle is None`."""
+    from checkpoint_worker import CudaNamesOnCpu
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    config = make_config()
+    _, grouped = build_pair(groups, config)
+    ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_param_gather=True, overlap_grad_reduce=True)
+    with CudaNamesOnCpu():
+        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=grouped)
+    assert ddp.use_forward_hook
+    counts = [8, 8, 8, 8]
+    x, probs = torch.randn(sum(counts), 64), torch.rand(sum(counts))
+    for _ in range(3):
+        with CudaNamesOnCpu():
+            ddp.start_param_sync()  # what the step after an optimizer step does first
+        output, _ = ddp(x, torch.tensor(counts), probs)
+        assert output.shape == x.shape
+    assert all(group.param_gather_handle is None for group in ddp.bucket_groups + ddp.expert_parallel_bucket_groups)

@@ -12,7 +12,15 @@ import pytest
 
 from nam56r.model.megatron_fields import architecture_mismatches
 from nam56r.training.data_dir import DataDir
-from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, refused_flags, transformer_config_from_args
+from nam56r.training.flags import (
+    REFUSED_FLAGS,
+    DataPaths,
+    RunPaths,
+    megatron_flags,
+    megatron_validate,
+    refused_flags,
+    transformer_config_from_args,
+)
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
 
 LAYOUT = DataDir(Path("/data"))
@@ -133,10 +141,11 @@ def test_model_config_round_trips_through_json():
         ModelConfig.from_dict({**model.to_dict(), "hiden_size": 1})
 
 
-def test_overlap_dp_comm_lowers_to_megatrons_overlap_flags_and_needs_data_parallel(megatron_built):
+def test_overlap_dp_comm_lowers_to_megatrons_grad_reduce_overlap_and_needs_data_parallel(megatron_built):
     recipe = get_recipe("h200x2-ep2", overlap_dp_comm=True)
     argv, margs, _ = _validated(recipe)
-    assert margs.overlap_grad_reduce and margs.overlap_param_gather and margs.use_distributed_optimizer
+    assert margs.overlap_grad_reduce and not margs.overlap_param_gather and margs.use_distributed_optimizer
+    assert refused_flags([*argv, "--overlap-param-gather"]) == [REFUSED_FLAGS["--overlap-param-gather"]]
     _, margs, _ = _validated(get_recipe("h200x2-ep2"))
     assert not margs.overlap_grad_reduce and not margs.overlap_param_gather
     with pytest.raises(RecipeError, match="runs data parallel 1"):
