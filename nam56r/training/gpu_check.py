@@ -49,7 +49,7 @@ from nam56r_patchlane.errors import PatchlaneError
 
 from nam56r import CHECKOUT_ROOT
 from nam56r.training.logged_run import run_logged
-from nam56r.training.recipe import RecipeError
+from nam56r.training.recipe import Recipe, RecipeError
 from nam56r.training.resume_check import ResumeCheck, ResumeResult, build_tiny_data, run_resume_check
 
 ROOT = CHECKOUT_ROOT
@@ -182,7 +182,7 @@ def packs_part(opts: Options, alone: str = "with-others") -> dict:
             "packs": verdicts, "records": [r for p in packs for r in p["records"]], "problems": problems}
 
 
-def launcher_recipe(check: ResumeCheck, options: tuple[str, ...] = ()):
+def launcher_recipe(check: ResumeCheck, options: tuple[str, ...] = ()) -> Recipe:
     """The recipe the launcher makes of the check's recipe, its `train_args` and `options` (refused as the launcher
     refuses them)."""
     from nam56r.training.train import recipe_from
@@ -353,7 +353,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--resume-at", type=int, default=10, help="the checkpoint step the second run resumes from (default: 10)")
     parser.add_argument("--train-args", default="", metavar="'OPTIONS'",
                         help="launcher options for every train-part run, one quoted string, e.g. "
-                             "'--gpus-per-node 4 --ep 4 --moe-dispatch megatron --reshardable-ckpt on' (default: none)")
+                             "'--gpus-per-node 4 --mbs 4 --ep 4 --moe-dispatch megatron --reshardable-ckpt on' (default: none)")
     parser.add_argument("--resume-args", action="append", metavar="'OPTIONS'",
                         help="one resumed run from the same checkpoint per use, with these launcher options beside "
                              "--train-args; e.g. --resume-args '' --resume-args '--ep 2' resumes at the saving run's EP "
