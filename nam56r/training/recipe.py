@@ -216,7 +216,7 @@ class Recipe:
                 f" = {self.micro_batch} x {self.data_parallel}"
             )
         if self.overlap_dp_comm and self.data_parallel == 1:
-            problems.append("overlap_dp_comm overlaps the data-parallel gradient and parameter communication; this recipe "
+            problems.append("overlap_dp_comm overlaps the data-parallel gradient reduce-scatter; this recipe "
                             f"runs data parallel 1 (world {self.world_size} / tp*pp), which has none")
         if self.moe_shared_expert_overlap and self.moe_dispatch != "megatron":
             problems.append(f"moe_shared_expert_overlap runs the shared expert beside Megatron's all-to-all dispatcher; "

@@ -154,9 +154,13 @@ def assess(check: ResumeCheck, full: TrainRun, resumed: tuple[TrainRun, ...]) ->
         problems.append(f"the full run's {LOSS_TAG} is not finite: {figures['loss_first']} -> {figures['loss_last']}")
     elif figures["loss_last"] >= figures["loss_first"]:
         problems.append(f"the full run's {LOSS_TAG} did not fall: {figures['loss_first']:.4f} -> {figures['loss_last']:.4f}")
+    try:
+        full_curve = loss_curve(resolve_tensorboard_dir(full.run_dir))
+    except (FileNotFoundError, ValueError) as exc:
+        problems.append(f"cannot read the uninterrupted run's loss curve to compare the resumed runs with: {exc}")
+        return ResumeResult(check, runs, diffs, tuple(problems))
     for run in resumed:
         try:
-            full_curve = loss_curve(resolve_tensorboard_dir(full.run_dir))
             resumed_curve = loss_curve(resolve_tensorboard_dir(run.run_dir))
             if resumed_curve[0][0] != check.resume_at + 1:
                 problems.append(f"the {run.name} run's first logged step is {resumed_curve[0][0]}, not {check.resume_at + 1}:"
