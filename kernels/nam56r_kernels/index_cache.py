@@ -3,8 +3,8 @@ per-forward store that hands a Full layer's top-k to the Shared layers after it.
 
 A Shared layer reuses a cached top-k only when the entry belongs to the current forward pass
 (`TopkCache.begin_forward` starts one) and matches the Shared layer's rows, batch and device;
-otherwise `lookup` returns no entry and the reason, and the layer computes its own top-k. It
-never reuses a stale or wrong-shaped entry.
+otherwise `lookup` returns no entry and the reason, which the Shared layer raises with (it has no
+indexer of its own). It never reuses a stale or wrong-shaped entry.
 
 Torch only: the Megatron attention that consults this lives in `nam56r.model.dsa_index_cache`.
 """

@@ -1,11 +1,15 @@
 """Megatron's DSA core attention with IndexCache: Shared DSA layers reuse a Full layer's top-k.
 
-Megatron core_v0.19.0 has its own top-k sharing (`dsa_indexer_topk_freq`), but a skip layer there
-has no indexer and raises when the source layer's top-k is missing, and the shared holder lives on
-the attention mask (or the config, when there is none) across forward passes. NAM56R's plan is
-explicit (`IndexCachePlan`: 3 Full + 6 Shared of the 9 DSA layers) and every DSA layer keeps its
-indexer, so a Shared layer without a valid entry for this forward pass computes its own top-k and
-says so once, instead of reusing a stale or wrong-shaped one.
+Megatron core_v0.19.0 has its own top-k sharing (`dsa_indexer_topk_freq`), but only at a fixed
+stride of layer numbers, and its shared holder lives on the attention mask (or the config, when there
+is none) across forward passes. NAM56R's plan is explicit (`IndexCachePlan`: 3 Full + 6 Shared of the
+9 DSA layers), and the cache is checked on every read: a Shared layer without a valid entry for this
+forward pass raises with the reason, instead of reusing a stale or wrong-shaped one.
+
+A Shared layer has no indexer, as Megatron's skip layers have none. Parameters that no step trains would
+hold optimizer state and be weight-decayed for nothing, and they break Megatron's --overlap-grad-reduce:
+it issues a bucket's reduce-scatter once every parameter in the bucket has reported a gradient, and
+asserts at the next step's start that the first step saw one for each.
 
 Each forward the model calls `TopkCache.begin_forward()`. Full layers compute their top-k with the
 holder on (Megatron's indexer, or the fused one with `DSAConfig.indexer="fused"` or `"fused-tilelang-loss"`,
@@ -15,14 +19,10 @@ rows, batch, device) and run Megatron's skip branch with exactly that tensor.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from nam56r_kernels.index_cache import IndexCachePlan, TopkCache
 
 from nam56r.model.dsa_fused_indexer import FusedIndexerDSAttention
-
-logger = logging.getLogger(__name__)
 
 
 class IndexCacheDSAttention(FusedIndexerDSAttention):
@@ -40,7 +40,9 @@ class IndexCacheDSAttention(FusedIndexerDSAttention):
             raise ValueError("IndexCacheDSAttention needs both plan and cache, or neither")
         self.plan = plan
         self.cache = cache
-        self._warned_recompute = False
+        if plan is not None and not plan.is_full(self.layer_number):
+            # Megatron's constructor built it (its own sharing is off); this layer never runs it.
+            self.indexer = None
 
     def forward(self, query, key, value, attention_mask, x, qr, *args, packed_seq_params=None, **kwargs):
         if self.plan is None:
@@ -55,21 +57,18 @@ class IndexCacheDSAttention(FusedIndexerDSAttention):
         if not is_full:
             cached, reason = self.cache.lookup(source, rows=rows, batch=batch, device=x.device)
             if cached is None:
-                if not self._warned_recompute:
-                    logger.warning(
-                        "IndexCache: DSA layer %d computes its own top-k (no valid cache from layer %d: %s)",
-                        self.layer_number, source, reason,
-                    )
-                    self._warned_recompute = True
-                is_full = True
-            else:
-                holder[source], length = cached
-                if length is not None:
-                    length_holder[source] = length
+                raise RuntimeError(
+                    f"IndexCache: Shared DSA layer {self.layer_number} has no indexer and needs the top-k of Full layer {source} "
+                    f"from this forward pass, but {reason}. Run the model's layers in order within one forward (the model "
+                    "calls TopkCache.begin_forward() at its start), or build the model with IndexCache off (--index-cache off)"
+                )
+            holder[source], length = cached
+            if length is not None:
+                length_holder[source] = length
         self.index_share, self.skip_topk, self.source_layer = True, not is_full, source if not is_full else self.layer_number
         try:
             output = super().forward(query, key, value, attention_mask, x, qr, *args, packed_seq_params=packed_seq_params, **kwargs)
-            if is_full and source == self.layer_number:
+            if is_full:
                 self.cache.store(self.layer_number, holder[self.layer_number], length_holder.get(self.layer_number), rows=rows, batch=batch)
         finally:
             self.index_share, self.skip_topk, self.source_layer = False, False, self.layer_number

@@ -22,7 +22,7 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig
 from nam56r_kernels.index_cache import IndexCachePlan, TopkCache
 
 from nam56r.model.config import ModelConfig
-from nam56r.model.dsa_index_cache import topk_cache_for
+from nam56r.model.dsa_index_cache import IndexCacheDSAttention, topk_cache_for
 from nam56r.model.embedding import NgramHashEmbedding
 from nam56r.model.local_layers import parameter_device
 from nam56r.model.megatron_fields import transformer_config_fields
@@ -220,6 +220,8 @@ def build_model(
         )
     if (plan is not None) != (topk_cache_for(model) is not None):
         raise RuntimeError("IndexCache plan and the model's DSA layers disagree (a DSA layer was not built from our spec)")
+    if plan is not None:
+        _check_index_cache_sources(model, plan)
     if device == "cuda":
         # Megatron's get_model moves the model to the GPU after the provider returns; a direct caller gets
         # the same: modules that allocate without a device (torch norms) start on the CPU.
@@ -259,6 +261,19 @@ def _runtime_megatron_config(
         # so shape-level builds use the all-gather one.
         mcfg.moe_token_dispatcher_type = "allgather"
     return mcfg, pg_collection
+
+
+def _check_index_cache_sources(model: torch.nn.Module, plan: IndexCachePlan) -> None:
+    """Each Shared DSA layer of this model chunk (a pipeline stage) reads its top-k from a Full layer of the same chunk."""
+    here = {m.layer_number for m in model.modules() if isinstance(m, IndexCacheDSAttention)}
+    missing = {n: plan.source_of(n) for n in sorted(here) if plan.source_of(n) not in here}
+    if missing:
+        pairs = ", ".join(f"layer {n} from layer {src}" for n, src in missing.items())
+        raise ValueError(
+            f"IndexCache across pipeline stages: this stage's Shared DSA layers would read the top-k of a Full layer on another "
+            f"stage ({pairs}); build with IndexCache off (--index-cache off) or split the stages so each starts its DSA "
+            "layers on a Full layer"
+        )
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@
 
 Prints one row per component (layer type, layers, parameters), then `total: N` and `active: N`.
 "Active" is what one token touches in a training forward: everything except the routed experts it
-is not sent to ((num_experts - topk) / num_experts of every MoE layer's routed experts) and, with
-IndexCache on, the indexers of the Shared DSA layers (they run only when no valid cache exists).
+is not sent to ((num_experts - topk) / num_experts of every MoE layer's routed experts). With IndexCache
+on, only the Full DSA layers have an indexer (the Shared ones reuse a Full layer's top-k).
 """
 
 from __future__ import annotations
@@ -102,23 +102,17 @@ def count_parameters(config: ModelConfig, backend: str = "local") -> ParamCounts
     counts = ParamCounts(preset=config.name)
     rows: dict[str, int] = defaultdict(int)
     layers_of: dict[str, set[tuple[str, ...]]] = defaultdict(set)
-    shared_indexers = 0
-    shared_layers = set(built.index_cache_plan.shared_layers) if built.index_cache_plan else set()
     for name, param in built.model.named_parameters():
         component = component_of(name, layout)
         rows[component] += param.numel()
         if (layer := _layer_key(name)) is not None:
             layers_of[component].add(layer)
-        if component == "dsa indexer" and int(_LAYER.match(name).group(1)) + 1 in shared_layers:
-            shared_indexers += param.numel()
     counts.rows = dict(rows)
     counts.layers = {component: len(layers_of[component]) for component in rows}
     counts.total = sum(rows.values())
     idle_fraction = (config.moe.num_experts - config.moe.topk) / config.moe.num_experts
     idle_experts = round(rows.get("moe routed experts", 0) * idle_fraction)
     counts.inactive = {f"routed experts not chosen ({config.moe.num_experts - config.moe.topk}/{config.moe.num_experts})": idle_experts}
-    if shared_indexers:
-        counts.inactive["indexers of IndexCache Shared layers"] = shared_indexers
     counts.active = counts.total - sum(counts.inactive.values())
     return counts
 

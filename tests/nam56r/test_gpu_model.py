@@ -17,7 +17,7 @@ pytestmark = [
 ]
 
 
-def _bf16_model(preset: str):
+def _bf16_model(preset: str, config=None):
     from megatron.core.transformer.module import Float16Module
 
     from nam56r.model.model import build_model
@@ -25,7 +25,8 @@ def _bf16_model(preset: str):
     from nam56r.model.specs import resolve_backend
 
     # bf16 parameters, as Megatron's --bf16 sets params_dtype: the layers cast their inputs to it.
-    built = build_model(get_preset(preset), resolve_backend("auto"), device="cuda", params_dtype=torch.bfloat16, seed=0)
+    config = config or get_preset(preset)
+    built = build_model(config, resolve_backend("auto"), device="cuda", params_dtype=torch.bfloat16, seed=0)
     model = built.model
     assert model.config.bf16 and model.config.params_dtype == torch.bfloat16
     return Float16Module(model.config, model), built
@@ -58,7 +59,15 @@ def _lm_loss(model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def test_proxy_forward_backward_bf16(megatron_built) -> None:
-    model, built = _bf16_model("nam56r-proxy")
+    """The proxy as the proxy-1gpu recipe trains it (IndexCache, DSA indexer path and MoE dispatch from the recipe).
+    Every trainable parameter gets a gradient: Megatron's --overlap-grad-reduce issues a bucket's reduce-scatter
+    only once each parameter in it has reported one, and asserts that at the next step's start."""
+    from nam56r.model.specs import resolve_backend
+    from nam56r.training.recipe import get_recipe
+
+    recipe = get_recipe("proxy-1gpu")
+    model, built = _bf16_model("nam56r-proxy", recipe.model_config(resolve_backend(recipe.backend)))
+    assert built.index_cache_plan is not None and built.index_cache_plan.shared_layers
     seq = built.model.model_config.seq_length
     tokens = torch.randint(0, built.model.vocab_size, (1, seq + 1), device="cuda")
     torch.cuda.reset_peak_memory_stats()
@@ -71,8 +80,9 @@ def test_proxy_forward_backward_bf16(megatron_built) -> None:
         loss.backward()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads)
+    no_grad = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not no_grad, f"{len(no_grad)} trainable parameters got no gradient: {no_grad[:8]}"
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"PROXY_FWD_BWD_OK gpu={torch.cuda.get_device_name()} loss={loss.item():.4f} peak_gib={peak:.2f} step_s={min(times[1:]):.3f}")
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 from nam56r_kernels.index_cache import IndexCachePlan, TopkCache
@@ -68,19 +66,20 @@ def _run_dsa_layers(built, x, skip=()):
     return outputs
 
 
-def test_shared_layers_reuse_the_full_layers_topk_and_compute_their_own_without_a_valid_cache(tiny_cpu_model, monkeypatch, caplog) -> None:
+def test_shared_layers_reuse_the_full_layers_topk_and_have_no_indexer(tiny_cpu_model, monkeypatch) -> None:
     built = tiny_cpu_model
     model = built.model
     assert built.index_cache_plan.full_layers == (5,) and built.index_cache_plan.shared_layers == (9, 13)
+    attention = {n: model.decoder.layers[n - 1].self_attention.core_attention for n in (5, 9, 13)}
+    assert attention[5].indexer is not None and attention[9].indexer is None and attention[13].indexer is None
     indexer_runs: list[int] = []
-    for number in (5, 9, 13):
-        indexer = model.decoder.layers[number - 1].self_attention.core_attention.indexer
-        original = indexer.forward_before_topk
-        def counting(*a, _n=number, _f=original, **k):
-            indexer_runs.append(_n)
-            return _f(*a, **k)
+    original = attention[5].indexer.forward_before_topk
 
-        monkeypatch.setattr(indexer, "forward_before_topk", counting)
+    def counting(*a, **k):
+        indexer_runs.append(5)
+        return original(*a, **k)
+
+    monkeypatch.setattr(attention[5].indexer, "forward_before_topk", counting)
     x = torch.randn(16, 2, built.model.config.hidden_size)
 
     model.topk_cache.begin_forward()
@@ -88,9 +87,75 @@ def test_shared_layers_reuse_the_full_layers_topk_and_compute_their_own_without_
     assert indexer_runs == [5]  # the Shared layers used layer 5's top-k
     assert all(torch.isfinite(o).all() for o in outputs.values())
 
-    indexer_runs.clear()
-    model.topk_cache.begin_forward()
-    with caplog.at_level(logging.WARNING, logger="nam56r.model.dsa_index_cache"):
+
+def test_a_shared_layer_without_this_passs_topk_raises_with_the_reason(tiny_cpu_model) -> None:
+    built = tiny_cpu_model
+    built.model.topk_cache.begin_forward()
+    x = torch.randn(16, 2, built.model.config.hidden_size)
+    with pytest.raises(RuntimeError, match=r"Shared DSA layer 9 has no indexer .* layer 5 stored no top-k in this forward pass"):
         _run_dsa_layers(built, x, skip=(5,))  # no Full layer ran in this pass
-    assert indexer_runs == [9, 13]  # each computed its own instead of reusing the stale entry
-    assert "DSA layer 9 computes its own top-k (no valid cache from layer 5" in caplog.text
+    built.model.topk_cache.begin_forward()
+    _run_dsa_layers(built, x, skip=(9, 13))
+    with pytest.raises(RuntimeError, match=r"layer 5's top-k covers rows=16 batch=2, this layer has rows=8 batch=2"):
+        _run_dsa_layers(built, x[:8], skip=(5,))  # a stale entry of another shape is never reused
+
+
+def test_a_pipeline_stage_whose_shared_layer_reads_another_stages_full_layer_is_refused(tiny_cpu_model) -> None:
+    from nam56r.model.model import _check_index_cache_sources
+
+    built = tiny_cpu_model
+    layers = built.model.decoder.layers
+    _check_index_cache_sources(torch.nn.ModuleList([layers[4], layers[8], layers[12]]), built.index_cache_plan)
+    second_stage = torch.nn.ModuleList([layers[8], layers[12]])  # a split between layers 5 and 9
+    with pytest.raises(ValueError, match=r"layer 9 from layer 5, layer 13 from layer 5.*--index-cache off"):
+        _check_index_cache_sources(second_stage, built.index_cache_plan)
+
+
+class _CpuStream:
+    """The current stream's waits, as Megatron's reduce dispatch makes them; on CPU there is nothing to wait for."""
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+
+def test_megatron_ddp_with_overlapped_grad_reduce_sees_a_gradient_for_every_dsa_parameter(monkeypatch) -> None:
+    """Megatron's real DistributedDataParallel with --overlap-grad-reduce around the tiny preset's three DSA layers
+    (1 Full + 2 Shared; a one-rank gloo group on CPU, CUDA queries answered for CPU as tests/nam56r/checkpoint_worker.py
+    does). Overlap issues a bucket's reduce-scatter once every parameter in it has reported its gradient, and the first
+    step records which ones do: a parameter no step trains (a Shared layer's indexer, if it had one) fails Megatron's
+    bare `assert len(self.per_param_grad_ready_counts) == len(self.params)` at the next step's start."""
+    from checkpoint_worker import CudaNamesOnCpu
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from nam56r.model.model import build_dsa_layers, cuda_buffers_on
+    from nam56r.model.presets import get_preset
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _CpuStream())
+    built = build_dsa_layers(get_preset("nam56r-tiny"), "local")
+    assert built.index_cache_plan.shared_layers == (9, 13)
+    stack = torch.nn.ModuleList(built.layers[n] for n in sorted(built.layers))
+    config = stack[0].config
+    ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True, bucket_size=None)
+    with CudaNamesOnCpu():
+        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=stack)
+    x = torch.randn(64, 2, config.hidden_size)
+    stack.train()
+    for _ in range(3):
+        with CudaNamesOnCpu():
+            ddp.zero_grad_buffer()
+        built.topk_cache.begin_forward()
+        hidden = x
+        with cuda_buffers_on("cpu"):
+            for layer in stack:
+                out = layer(hidden, attention_mask=None)
+                hidden = out[0] if isinstance(out, tuple) else out
+        hidden.float().square().mean().backward()  # the indexer loss rides on the output (DSAIndexerLossAutoScaler)
+        with CudaNamesOnCpu():
+            ddp.finish_grad_sync()
+    groups = ddp.bucket_groups + ddp.expert_parallel_bucket_groups
+    assert groups and all(len(g.golden_per_param_grad_ready_counts) == len(g.params) for g in groups)

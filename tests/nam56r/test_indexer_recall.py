@@ -92,6 +92,8 @@ def layers(megatron_built):
     built = build_dsa_layers(recall_config(), "local")
     for layer in built.layers.values():  # peaked indexer scores, as in test_dsa_fused_indexer
         indexer = layer.self_attention.core_attention.indexer
+        if indexer is None:  # an IndexCache Shared layer
+            continue
         with torch.no_grad():
             for linear, scale in ((indexer.linear_wq_b, 8.0), (indexer.linear_wk, 8.0), (indexer.linear_weights_proj, 64.0)):
                 linear.weight.mul_(scale)

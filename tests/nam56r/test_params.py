@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -43,12 +44,17 @@ def test_rows_follow_from_the_config(name: str, megatron_built) -> None:
     g = c.ngram
     assert counts.rows["n-gram hash embedding"] == len(g.orders) * (g.table_size * g.embed_dim + g.heads * g.embed_dim * h)
     idle = counts.rows["moe routed experts"] * (moe.num_experts - moe.topk) // moe.num_experts
-    assert counts.total - counts.active == idle + counts.inactive.get("indexers of IndexCache Shared layers", 0)
+    assert counts.total - counts.active == idle
 
 
-def test_index_cache_makes_shared_indexers_inactive(megatron_built) -> None:
-    counts = counts_of("nam56r-tiny")  # IndexCache on: 2 of its 3 DSA layers are Shared
-    assert counts.inactive["indexers of IndexCache Shared layers"] == counts.rows["dsa indexer"] * 2 // 3
+def test_only_index_cache_full_layers_have_an_indexer(megatron_built) -> None:
+    config = get_preset("nam56r")
+    with_cache, without = (
+        count_parameters(replace(config, index_cache=replace(config.index_cache, enabled=on)).validate()) for on in (True, False)
+    )
+    assert (with_cache.layers["dsa indexer"], without.layers["dsa indexer"]) == (3, 9)  # 3 Full + 6 Shared, or 9 of their own
+    assert with_cache.rows["dsa indexer"] * 3 == without.rows["dsa indexer"]
+    assert without.total - with_cache.total == without.rows["dsa indexer"] - with_cache.rows["dsa indexer"]
 
 
 def test_h3584_cross_check_against_the_original_claims(megatron_built) -> None:
