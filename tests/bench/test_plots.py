@@ -118,11 +118,11 @@ def test_kernel_shares_come_from_the_fastest_profiled_row() -> None:
     assert rows[0]["extra"]["profile"]["top_kernels"]  # the first row is profiled, and slower
     shares = kernel_shares(rows)
     fastest = "nam56r-2gpu 2 GPUs mbs 4 recompute moe --moe-shared-expert-overlap on"
-    assert shares is not None and shares.case == fastest and round(shares.step_ms) == 2198
+    assert shares is not None and shares.case == fastest and round(shares.step_ms) == 2235
     assert len(shares.kernels) == 10
-    assert shares.kernels[0] == ("mamba_mimo_bwd_bwd_kernel_kernel", pytest.approx(0.117543, abs=1e-5))
+    assert shares.kernels[0] == ("mamba_mimo_bwd_bwd_kernel_kernel", pytest.approx(0.114813, abs=1e-5))
     assert all(len(name) <= 50 for name, _ in shares.kernels)
-    assert shares.idle == pytest.approx(0.037689, abs=1e-6)
+    assert shares.idle == pytest.approx(0.050213, abs=1e-6)
     profile = {"top_kernels": [{"kernel": "k", "share_of_step": 1.0}]}
     failed = {"case": "failed", "extra": {"tflops_per_s_per_gpu": None, "profile": profile}}
     assert kernel_shares([failed, *rows]).case == shares.case
