@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nam56r.training.run_faults import TRACKER, iteration_checkpoint
+from nam56r.training.run_faults import iteration_checkpoint, tracked_checkpoint
 
 
 @dataclass(frozen=True)
@@ -34,14 +34,7 @@ class SavedLayout:
 def iteration_to_load(load: Path, step: int | None) -> Path | None:
     """The directory a resume from `load` reads: iteration `step` (Megatron's --ckpt-step), else the one its tracker
     names; None when `load` holds neither (Megatron's --exit-on-missing-checkpoint reports that)."""
-    if step is not None:
-        path = iteration_checkpoint(load, step)
-        return path if path.is_dir() else None
-    tracker = load / TRACKER
-    if not tracker.is_file():
-        return None
-    text = tracker.read_text().strip()
-    path = iteration_checkpoint(load, int(text)) if text.isdigit() else None
+    path = iteration_checkpoint(load, step) if step is not None else tracked_checkpoint(load)
     return path if path is not None and path.is_dir() else None
 
 

@@ -28,6 +28,14 @@ def iteration_checkpoint(save_dir: str | Path, iteration: int) -> Path:
     return Path(save_dir) / f"iter_{iteration:07d}"
 
 
+def tracked_checkpoint(save_dir: str | Path) -> Path | None:
+    """The checkpoint directory Megatron's tracker in `save_dir` names (whether or not it exists), or None when there
+    is no readable tracker holding an iteration."""
+    tracker = Path(save_dir) / TRACKER
+    text = tracker.read_text().strip() if tracker.is_file() else ""
+    return iteration_checkpoint(save_dir, int(text)) if text.isdigit() else None
+
+
 class RunStopped(RuntimeError):
     """The run cannot go on; the message says why and how to resume."""
 
@@ -89,8 +97,7 @@ def save_failure_message(exc: BaseException, iteration: int, save_dir: str | Pat
     partial = iteration_checkpoint(save_dir, iteration)
     free = shutil.disk_usage(save_dir).free if save_dir.exists() else None
     last = last_complete_checkpoint(save_dir)
-    tracker_text = (save_dir / TRACKER).read_text().strip() if (save_dir / TRACKER).is_file() else ""
-    previous = iteration_checkpoint(save_dir, int(tracker_text)) if tracker_text.isdigit() else None
+    previous = tracked_checkpoint(save_dir)
     needed = _bytes_under(previous) if previous is not None else 0
     code = _disk_errno(exc)
     if code is not None or (free is not None and (free < 64 * MIB or free < needed)):
