@@ -65,7 +65,7 @@ class IndexCacheDSAttention(FusedIndexerDSAttention):
             holder[source], length = cached
             if length is not None:
                 length_holder[source] = length
-        self.index_share, self.skip_topk, self.source_layer = True, not is_full, source if not is_full else self.layer_number
+        self.index_share, self.skip_topk, self.source_layer = True, not is_full, source
         try:
             output = super().forward(query, key, value, attention_mask, x, qr, *args, packed_seq_params=packed_seq_params, **kwargs)
             if is_full:
