@@ -11,6 +11,7 @@ from pathlib import Path
 
 from nam56r.training.arg_types import positive_int
 from nam56r_bench.harness import ROOT, BenchError, Context, stamp, write_suite
+from nam56r_bench.kernel_suite import CASE_GROUPS
 from nam56r_bench.plots import render
 from nam56r_bench.suites import SUITES
 from nam56r_bench.training_suites import LINEAR_CE_PATHS, RECIPES, RECOMPUTE_SETTINGS, SUITE_TRAIN_OPTIONS
@@ -58,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
                              "parallel, before its search (nam56r.training.kernel_prewarm: the kernels are compiled per "
                              "micro-batch size, about 2.5 minutes each inside a training process); e.g. 1-24 (default "
                              "1-16). train-step prewarms the sizes named with --mbs. none: no prewarm in either suite")
+    parser.add_argument("--kernel-cases", action="append", choices=tuple(CASE_GROUPS), dest="kernel_cases", default=[],
+                        metavar="GROUP", help=f"the kernels suite's case groups to run, repeatable: {', '.join(CASE_GROUPS)} "
+                        "(default: all). Ratios are taken within a case, so one group's rows stand on their own")
     parser.add_argument("--cache", type=Path, help="the artifact cache the tooling suite fills and builds from "
                         "(default: the patch lane's, ~/.cache/nam56r-patchlane/artifacts)")
     return parser
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(out_dir=args.out, quick=args.quick, models=tuple(dict.fromkeys(args.models)), cache=args.cache,
                   micro_batches=tuple(dict.fromkeys(args.micro_batches)), recompute=tuple(dict.fromkeys(args.recompute)),
                   linear_ce=tuple(dict.fromkeys(args.linear_ce)), prewarm_mbs=args.prewarm_mbs,
-                  train_args=tuple(dict.fromkeys(args.train_args)))
+                  train_args=tuple(dict.fromkeys(args.train_args)), kernel_cases=tuple(dict.fromkeys(args.kernel_cases)))
     failed = []
     for suite in chosen:
         print(f"== {suite.name}: {suite.summary}", flush=True)

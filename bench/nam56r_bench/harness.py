@@ -48,6 +48,7 @@ class Context:
     # () = one run with none
     train_args: tuple[str, ...] = ()
     prewarm_mbs: tuple[int, ...] = ()  # micro-batch sizes microbatch compiles the Mamba-3 MIMO kernels for first; () = none
+    kernel_cases: tuple[str, ...] = ()  # the kernels suite's case groups (kernel_suite.CASE_GROUPS keys); () = all
 
 
 @dataclass(frozen=True)

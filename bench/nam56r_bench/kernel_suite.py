@@ -285,14 +285,25 @@ def mamba_region_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) ->
                            compile_s=round(compile_s, 2))[0]]
 
 
-CASES = (dsa_cases, dsa_layer_cases, cross_entropy_cases, moe_case, moe_layer_cases, mamba_region_case)  # in the order they run
+# The case groups by the name --kernel-cases takes, in the order they run.
+CASE_GROUPS = {
+    "dsa": dsa_cases,
+    "dsa-layer": dsa_layer_cases,
+    "ce": cross_entropy_cases,
+    "moe-experts": moe_case,
+    "moe-layer": moe_layer_cases,
+    "mamba": mamba_region_case,
+}
+CASES = tuple(CASE_GROUPS.values())
 
 
 def run(ctx: Context) -> list[Row]:
     require_gpu("kernels")
     shapes, sweep = kernel_shapes(), kernel_sweep(ctx.quick)
     rows: list[Row] = []
-    for cases in CASES:
+    for name, cases in CASE_GROUPS.items():
+        if ctx.kernel_cases and name not in ctx.kernel_cases:
+            continue
         try:
             rows += cases(ctx, shapes, sweep)
         except Exception as exc:  # noqa: BLE001 - one broken case group must not cost the others' measurements

@@ -120,15 +120,19 @@ def _layers_step(layers: list, batch: int, seq: int, begin_pass: Callable[[], No
     return step
 
 
-# (routed experts, MoEConfig.dispatch, MoEConfig.expert_activation) of each `moe layer` variant, the baseline first.
+# (routed experts, MoEConfig.dispatch, MoEConfig.expert_activation, MoEConfig.router_gating) of each `moe layer`
+# variant, the baseline first.
 MOE_LAYER_VARIANTS = {
-    "upstream: Megatron local (SequentialMLP experts)": ("sequential", "megatron", "eager"),
-    "grouped_mm experts": ("grouped", "megatron", "eager"),
-    "grouped_mm experts + fused-permute dispatch": ("grouped", "fused-permute", "eager"),
-    "grouped_mm experts + fused-permute dispatch + fused activation": ("grouped", "fused-permute", "fused"),
+    "upstream: Megatron local (SequentialMLP experts)": ("sequential", "megatron", "eager", "megatron"),
+    "grouped_mm experts": ("grouped", "megatron", "eager", "megatron"),
+    "grouped_mm experts + fused-permute dispatch": ("grouped", "fused-permute", "eager", "megatron"),
+    "grouped_mm experts + fused-permute dispatch + fused activation": ("grouped", "fused-permute", "fused", "megatron"),
+    "grouped_mm experts + fused-permute dispatch + fused activation + fused router gating": (
+        "grouped", "fused-permute", "fused", "fused"),
 }
 # The variant the one-GPU recipes train with and the candidate after it: their steps are also profiled kernel by kernel.
-PROFILED_MOE_VARIANTS = ("grouped_mm experts + fused-permute dispatch", "grouped_mm experts + fused-permute dispatch + fused activation")
+PROFILED_MOE_VARIANTS = ("grouped_mm experts + fused-permute dispatch + fused activation",
+                         "grouped_mm experts + fused-permute dispatch + fused activation + fused router gating")
 
 
 def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
@@ -142,8 +146,8 @@ def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
     config, backend = get_preset(shapes.preset), resolve_backend("auto")
     case = f"moe layer fwd+bwd ({sweep.moe_tokens} tokens)"
     rows, stage_rows, reference, weights = [], [], None, None
-    for variant, (experts, dispatch, activation) in MOE_LAYER_VARIANTS.items():
-        variant_config = replace(config, moe=replace(config.moe, dispatch=dispatch, expert_activation=activation))
+    for variant, (experts, dispatch, activation, gating) in MOE_LAYER_VARIANTS.items():
+        variant_config = replace(config, moe=replace(config.moe, dispatch=dispatch, expert_activation=activation, router_gating=gating))
         layer = build_moe_layer(variant_config, backend, device="cuda", params_dtype=torch.bfloat16, experts=experts)
         if weights is None:
             weights = as_trained(layer).state_dict()

@@ -15,8 +15,9 @@ Contract:
   tokens first, each expert's tokens ascending.
 - ``permute_tokens(tokens [T, H], rows)`` -> [N, H], N = number of selected pairs: row ``rows[t, e]`` is token t.
   Backward: a token's gradient is the sum of its rows' gradients.
-- ``unpermute_tokens(permuted [N, H], rows)`` -> [T, H]: token t is the sum of its rows, accumulated in fp32
-  and returned in the input's dtype. Backward: each row's gradient is its token's.
+- ``unpermute_tokens(permuted [N, H], rows, addend=None)`` -> [T, H]: token t is the sum of its rows (plus
+  ``addend[t]``, [T, H] in permuted's dtype, e.g. the shared expert's output), accumulated in fp32 and returned in
+  the input's dtype. Backward: each row's gradient is its token's, and so is the addend's.
 - ``permute_probs(probs [T, E], rows, N)`` -> [N]: each selected pair's prob in the permuted order,
   differentiable (plain torch).
 
@@ -69,10 +70,14 @@ def permute_tokens(tokens: torch.Tensor, rows: torch.Tensor, num_rows: int) -> t
     return _PermuteTokens.apply(tokens, rows, num_rows)
 
 
-def unpermute_tokens(permuted: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """[T, H]: token t is the fp32 sum of its rows, in permuted's dtype."""
+def unpermute_tokens(permuted: torch.Tensor, rows: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+    """[T, H]: token t is the fp32 sum of its rows and of addend[t] if given, in permuted's dtype."""
+    if addend is not None and (addend.shape != (rows.shape[0], permuted.shape[1]) or addend.dtype != permuted.dtype
+                               or addend.device != permuted.device):
+        raise ValueError(f"addend must be [T, H] = {[rows.shape[0], permuted.shape[1]]} {permuted.dtype} on {permuted.device}, "
+                         f"got {addend.dtype} {tuple(addend.shape)} on {addend.device}")
     _check(permuted, rows, None, "permuted")
-    return _UnpermuteTokens.apply(permuted, rows)
+    return _UnpermuteTokens.apply(permuted, rows, addend)
 
 
 def permute_tokens_reference(tokens: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
@@ -83,11 +88,13 @@ def permute_tokens_reference(tokens: torch.Tensor, rows: torch.Tensor, num_rows:
     return tokens.index_select(0, token_of_row)
 
 
-def unpermute_tokens_reference(permuted: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """`unpermute_tokens` in torch: an fp32 index_add of each row into its token."""
+def unpermute_tokens_reference(permuted: torch.Tensor, rows: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+    """`unpermute_tokens` in torch: an fp32 index_add of each row into its token (starting from the addend)."""
     selected = rows >= 0
     token_of_pair = selected.nonzero()[:, 0]
     out = torch.zeros(rows.shape[0], permuted.shape[1], dtype=torch.float32, device=permuted.device)
+    if addend is not None:
+        out += addend.float()
     return out.index_add_(0, token_of_pair, permuted[rows[selected].long()].float()).to(permuted.dtype)
 
 
@@ -110,12 +117,14 @@ def _copy_to_rows(src: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch
     return out
 
 
-def _sum_rows(src: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def _sum_rows(src: torch.Tensor, rows: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
     src = src.contiguous()
     out = src.new_empty(rows.shape[0], src.shape[1])
     if out.numel():
         grid = (rows.shape[0], triton.cdiv(src.shape[1], _BLOCK_H))
-        _sum_rows_kernel[grid](src, out, rows, src.shape[1], EXPERTS=rows.shape[1], BLOCK_H=_BLOCK_H)
+        addend = addend.contiguous() if addend is not None else out  # not read without HAS_ADDEND
+        _sum_rows_kernel[grid](src, addend, out, rows, src.shape[1], EXPERTS=rows.shape[1], BLOCK_H=_BLOCK_H,
+                               HAS_ADDEND=addend is not out)
     return out
 
 
@@ -133,15 +142,15 @@ class _PermuteTokens(torch.autograd.Function):
 
 class _UnpermuteTokens(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, permuted, rows):
+    def forward(ctx, permuted, rows, addend):
         ctx.save_for_backward(rows)
         ctx.num_rows = permuted.shape[0]
-        return _sum_rows(permuted, rows)
+        return _sum_rows(permuted, rows, addend)
 
     @staticmethod
     def backward(ctx, grad):
         (rows,) = ctx.saved_tensors
-        return _copy_to_rows(grad, rows, ctx.num_rows), None
+        return _copy_to_rows(grad, rows, ctx.num_rows), None, grad if ctx.needs_input_grad[2] else None
 
 
 @triton.jit
@@ -157,11 +166,14 @@ def _copy_to_rows_kernel(src_ptr, out_ptr, rows_ptr, hidden, EXPERTS: tl.constex
 
 
 @triton.jit
-def _sum_rows_kernel(src_ptr, out_ptr, rows_ptr, hidden, EXPERTS: tl.constexpr, BLOCK_H: tl.constexpr):
+def _sum_rows_kernel(src_ptr, addend_ptr, out_ptr, rows_ptr, hidden, EXPERTS: tl.constexpr, BLOCK_H: tl.constexpr,
+                     HAS_ADDEND: tl.constexpr):
     token = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     in_row = cols < hidden
     total = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if HAS_ADDEND:
+        total += tl.load(addend_ptr + token.to(tl.int64) * hidden + cols, mask=in_row, other=0.0).to(tl.float32)
     for expert in range(EXPERTS):
         row = tl.load(rows_ptr + token * EXPERTS + expert)
         if row >= 0:

@@ -22,6 +22,9 @@ MOE_DISPATCH_PATHS: tuple[str, ...] = get_args(MoEDispatch)
 # How the routed experts apply their activation and router-prob scale (MoEConfig.expert_activation).
 ExpertActivation = Literal["eager", "fused"]
 EXPERT_ACTIVATION_PATHS: tuple[str, ...] = get_args(ExpertActivation)
+# How a MoE router computes its fp32 logits (MoEConfig.router_gating).
+RouterGating = Literal["megatron", "fused"]
+ROUTER_GATING_PATHS: tuple[str, ...] = get_args(RouterGating)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,10 @@ class MoEConfig:
     # How it runs: "eager", GELU, then the router-prob scale and a cast (Megatron's MLP); "fused", both in one Triton
     # pass each way with the same rounding steps (nam56r_kernels.expert_activation; our grouped experts, local backend).
     expert_activation: ExpertActivation = "eager"
+    # How it runs: "megatron", Megatron's local router GEMM (input and weight copied to fp32, an fp32 GEMM each way);
+    # "fused", the bf16 operands multiplied into fp32 logits and fp32 gradients, no fp32 copies
+    # (nam56r_kernels.router_gating; TransformerEngine's arithmetic). Either way the logits and gradients are fp32 sums.
+    router_gating: RouterGating = "megatron"
 
 
 @dataclass(frozen=True)
@@ -206,6 +213,8 @@ class ModelConfig:
                             f"{', '.join(map(repr, EXPERT_ACTIVATION_PATHS))}")
         elif self.moe.expert_activation == "fused" and self.moe.gated:
             problems.append("moe.expert_activation 'fused' is the non-gated experts' GELU; gated experts need 'eager'")
+        if self.moe.router_gating not in ROUTER_GATING_PATHS:
+            problems.append(f"moe.router_gating {self.moe.router_gating!r} must be one of {', '.join(map(repr, ROUTER_GATING_PATHS))}")
         if self.full_attention_every < 1:
             problems.append(f"full_attention_every {self.full_attention_every} must be positive")
         if self.index_cache.share_group < 1:

@@ -6,11 +6,13 @@ TransformerEngine argsorts the routing map and `index_select`s the tokens, copie
 counts to the host, and sums the expert outputs into the tokens with bf16 `scatter_add` atomics; the backward
 mirrors each step. `FusedPermuteDispatcher` keeps one table of each (token, expert) pair's row in expert order
 (`nam56r_kernels.moe_permute`) and copies or sums each token's rows in one pass, in fp32: the permuted tokens and
-probs are Megatron's, in Megatron's order, and the combine differs from Megatron's only by rounding once. The
-token counts stay on the GPU, which the grouped experts (`nam56r.model.moe_experts.GroupedMLPExperts`) take.
+probs are Megatron's, in Megatron's order. The combine sums each token's rows and the shared expert's output in one
+pass, so it differs from Megatron's (sum, round, add the shared output, round) only by rounding once. The token
+counts stay on the GPU, which the grouped experts (`nam56r.model.moe_experts.GroupedMLPExperts`) take.
 
 `DispatchMoELayer` is Megatron's MoELayer with this dispatcher when `MoEConfig.dispatch="fused-permute"`, and
-unchanged with "megatron". The fused dispatcher refuses what it does not cover (expert or tensor parallel above
+unchanged with "megatron"; with `MoEConfig.router_gating="fused"` its router is `FusedGatingRouter`. The fused
+dispatcher refuses what it does not cover (expert or tensor parallel above
 1, token dropping, padding for quantization, shared-expert overlap, Megatron's own fused permute) when built.
 """
 
@@ -19,10 +21,36 @@ from __future__ import annotations
 import torch
 from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
 from nam56r_kernels.moe_permute import expert_rows, permute_probs, permute_tokens, unpermute_tokens
+from nam56r_kernels.router_gating import router_gating
 
-from nam56r.model.config import MOE_DISPATCH_PATHS, MoEDispatch
+from nam56r.model.config import MOE_DISPATCH_PATHS, ROUTER_GATING_PATHS, MoEDispatch, RouterGating
+
+
+class FusedGatingRouter(TopKRouter):
+    """Megatron's TopKRouter whose gating GEMM is `nam56r_kernels.router_gating`: fp32 logits from the bf16 input and
+    weight, as TransformerEngine computes them, where Megatron's local path copies both to fp32 first. Routing, the aux
+    loss and the expert bias are TopKRouter's."""
+
+    @classmethod
+    def adopt(cls, router: torch.nn.Module) -> FusedGatingRouter:
+        """`router` (a TopKRouter, its parameters and buffers kept) as a FusedGatingRouter; raises for what the fused
+        gating does not compute (another router class, a router bias, router dtypes other than fp32)."""
+        unsupported = {
+            f"router class {type(router).__name__} (needs TopKRouter)": type(router) is not TopKRouter,
+            "a router bias": getattr(router, "bias", None) is not None,
+            f"moe_router_dtype={router.config.moe_router_dtype!r} (needs 'fp32')": router.config.moe_router_dtype != "fp32",
+        }
+        if problems := [name for name, bad in unsupported.items() if bad]:
+            raise ValueError("MoEConfig.router_gating='fused' does not support " + "; ".join(problems)
+                             + "; use MoEConfig.router_gating='megatron'")
+        router.__class__ = cls
+        return router
+
+    def gating(self, input: torch.Tensor) -> torch.Tensor:
+        return router_gating(input, self.weight)
 
 
 class FusedPermuteDispatcher(MoETokenDispatcher):
@@ -50,6 +78,8 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
         self.num_local_experts = num_local_experts
         self.local_expert_indices = local_expert_indices
         self.topk = config.moe_router_topk
+        # The shared expert's output, summed into the tokens by the combine (DispatchMoELayer.shared_experts_compute).
+        self.combine_addend: torch.Tensor | None = None
 
     def dispatch_preprocess(self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
         self.hidden_shape = hidden_states.shape
@@ -72,7 +102,8 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
         return permuted, tokens_per_expert, permute_probs(probs, self.rows, num_rows)
 
     def combine_preprocess(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return unpermute_tokens(hidden_states, self.rows)
+        addend, self.combine_addend = self.combine_addend, None
+        return unpermute_tokens(hidden_states, self.rows, None if addend is None else addend.view(-1, hidden_states.shape[-1]))
 
     def token_combine(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return hidden_states
@@ -87,9 +118,11 @@ class DispatchMoELayer(MoELayer):
     (Megatron's own, from the config's moe_token_dispatcher_type, with "megatron")."""
 
     def __init__(self, config, submodules=None, layer_number=None, pg_collection=None, is_mtp_layer: bool = False,
-                 name: str | None = None, dispatch: MoEDispatch = "megatron") -> None:
+                 name: str | None = None, dispatch: MoEDispatch = "megatron", router_gating: RouterGating = "megatron") -> None:
         if dispatch not in MOE_DISPATCH_PATHS:
             raise ValueError(f"dispatch must be one of {MOE_DISPATCH_PATHS}, got {dispatch!r}")
+        if router_gating not in ROUTER_GATING_PATHS:
+            raise ValueError(f"router_gating must be one of {ROUTER_GATING_PATHS}, got {router_gating!r}")
         if pg_collection is None:
             from megatron.core.transformer.moe.moe_layer import get_default_pg_collection
 
@@ -104,3 +137,14 @@ class DispatchMoELayer(MoELayer):
                                  "MoEConfig.dispatch='megatron'")
             self.token_dispatcher = FusedPermuteDispatcher(self.num_local_experts, self.local_expert_indices, self.config,
                                                            pg_collection=pg_collection)
+        if router_gating == "fused":
+            FusedGatingRouter.adopt(self.router)
+
+    def shared_experts_compute(self, hidden_states: torch.Tensor):
+        """Megatron's shared expert; on the fused-permute path its output goes to the combine, which sums it into the
+        tokens with their routed rows (one pass, one rounding), instead of a separate add."""
+        shared_output = super().shared_experts_compute(hidden_states)
+        if shared_output is None or self.dispatch_path != "fused-permute":
+            return shared_output
+        self.token_dispatcher.combine_addend = shared_output
+        return None

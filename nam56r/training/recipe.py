@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar, Literal, get_args
 
-from nam56r.model.config import DSAIndexerPath, ExpertActivation, ModelConfig, MoEDispatch, Precision
+from nam56r.model.config import DSAIndexerPath, ExpertActivation, ModelConfig, MoEDispatch, Precision, RouterGating
 from nam56r.model.presets import PRESETS, get_preset
 from nam56r.training.phases import DsaPhases
 from nam56r.training.recall_probe import RecallSchedule
@@ -119,6 +119,9 @@ class Recipe:
     # one Triton pass each way, nam56r_kernels.expert_activation) is faster than "eager" at NAM56R's expert shape.
     # None: "fused" on the local backend; the te backend's grouped experts run TE's own activation ("eager" here).
     expert_activation: ExpertActivation | None = None
+    # MoEConfig.router_gating: "fused" (the router's fp32 logits from its bf16 operands, nam56r_kernels.router_gating)
+    # or "megatron" (Megatron's local router GEMM, its operands copied to fp32).
+    router_gating: RouterGating = "megatron"
     # DSA: dense indexer warm-up for the first N steps, then sparse (nam56r.model.dsa_warmup)
     dsa_phases: DsaPhases = field(default_factory=DsaPhases)
     # DSA: log one layer's indexer recall against dense attention every N steps (nam56r.training.recall_probe); 0: off
@@ -167,7 +170,7 @@ class Recipe:
 
     def model_config(self, backend: str | None = None) -> ModelConfig:
         """The model this recipe trains: the preset with the recipe's sequence length, precision, IndexCache,
-        DSA indexer, MoE dispatch and Mamba-3 recompute, and, given the resolved layer `backend`, its experts'
+        DSA indexer, MoE dispatch, router gating and Mamba-3 recompute, and, given the resolved layer `backend`, its experts'
         activation path (without it, the preset's)."""
         base = get_preset(self.model)
         activation = self.expert_activation_on(backend) if backend else base.moe.expert_activation
@@ -177,7 +180,7 @@ class Recipe:
             precision=self.precision,
             index_cache=replace(base.index_cache, enabled=self.index_cache),
             dsa=replace(base.dsa, indexer=self.dsa_indexer),
-            moe=replace(base.moe, dispatch=self.moe_dispatch, expert_activation=activation),
+            moe=replace(base.moe, dispatch=self.moe_dispatch, expert_activation=activation, router_gating=self.router_gating),
             mamba=replace(base.mamba, recompute=self.recompute.mamba),
         ).validate()
 

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import get_args
 
-from nam56r.model.config import DSA_INDEXER_PATHS, EXPERT_ACTIVATION_PATHS, MOE_DISPATCH_PATHS
+from nam56r.model.config import DSA_INDEXER_PATHS, EXPERT_ACTIVATION_PATHS, MOE_DISPATCH_PATHS, ROUTER_GATING_PATHS
 from nam56r.model.presets import PRESETS
 from nam56r.training.recipe import RECIPES, LinearCE, Recompute
 
@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                        help="the MoE experts' GELU and router-prob scale on the local backend: one Triton pass each way "
                             "(fused, the default there; nam56r_kernels.expert_activation) or Megatron's eager ops (eager, "
                             "and the te backend's, whose grouped experts run TE's own activation)")
+    shape.add_argument("--router-gating", choices=ROUTER_GATING_PATHS,
+                       help="the MoE router's fp32 logits: from its bf16 input and weight in one Triton pass each way, no fp32 "
+                            "copies (fused; nam56r_kernels.router_gating), or Megatron's local GEMM on fp32 copies (megatron); "
+                            "both sum in fp32 (default: the recipe's)")
     shape.add_argument("--overlap-dp-comm", choices=("on", "off"),
                        help="overlap the distributed optimizer's gradient reduce-scatter with the backward (Megatron's "
                             "--overlap-grad-reduce); needs data parallel > 1. Its parameter all-gather stays after the "

@@ -171,13 +171,35 @@ def test_the_moe_layer_cases_compare_megatrons_sequential_experts_with_ours(mega
     from nam56r_bench.kernel_suite import CASES
     from nam56r_bench.layer_cases import MOE_LAYER_VARIANTS, PROFILED_MOE_VARIANTS, moe_layer_cases
 
-    from nam56r.model.config import EXPERT_ACTIVATION_PATHS, MOE_DISPATCH_PATHS
+    from nam56r.model.config import EXPERT_ACTIVATION_PATHS, MOE_DISPATCH_PATHS, ROUTER_GATING_PATHS
     from nam56r.model.specs import MOE_EXPERTS
 
     assert moe_layer_cases in CASES
-    assert {experts for experts, _, _ in MOE_LAYER_VARIANTS.values()} == set(MOE_EXPERTS)
-    assert {dispatch for _, dispatch, _ in MOE_LAYER_VARIANTS.values()} == set(MOE_DISPATCH_PATHS)
-    assert {activation for _, _, activation in MOE_LAYER_VARIANTS.values()} == set(EXPERT_ACTIVATION_PATHS)
-    assert [v.startswith(BASELINE_PREFIXES) for v in MOE_LAYER_VARIANTS] == [True, False, False, False]  # the first is the baseline
-    assert MOE_LAYER_VARIANTS[next(iter(MOE_LAYER_VARIANTS))] == ("sequential", "megatron", "eager")  # Megatron's layer as it ships
+    assert {experts for experts, _, _, _ in MOE_LAYER_VARIANTS.values()} == set(MOE_EXPERTS)
+    assert {dispatch for _, dispatch, _, _ in MOE_LAYER_VARIANTS.values()} == set(MOE_DISPATCH_PATHS)
+    assert {activation for _, _, activation, _ in MOE_LAYER_VARIANTS.values()} == set(EXPERT_ACTIVATION_PATHS)
+    assert {gating for _, _, _, gating in MOE_LAYER_VARIANTS.values()} == set(ROUTER_GATING_PATHS)
+    assert [v.startswith(BASELINE_PREFIXES) for v in MOE_LAYER_VARIANTS] == [True] + [False] * (len(MOE_LAYER_VARIANTS) - 1)
+    # Megatron's layer as it ships
+    assert MOE_LAYER_VARIANTS[next(iter(MOE_LAYER_VARIANTS))] == ("sequential", "megatron", "eager", "megatron")
     assert set(PROFILED_MOE_VARIANTS) <= set(MOE_LAYER_VARIANTS)
+
+
+def test_kernel_cases_runs_only_the_named_case_groups_in_suite_order(monkeypatch, tmp_path) -> None:
+    from nam56r_bench import kernel_suite
+    from nam56r_bench.harness import Context, Row
+
+    ran: list[str] = []
+
+    def group(name: str):
+        return lambda ctx, shapes, sweep: ran.append(name) or [Row(name, "v", time_ms=1.0)]
+
+    monkeypatch.setattr(kernel_suite, "require_gpu", lambda suite: None)
+    monkeypatch.setattr(kernel_suite, "kernel_shapes", lambda: None)
+    monkeypatch.setattr(kernel_suite, "kernel_sweep", lambda quick: None)
+    monkeypatch.setattr(kernel_suite, "CASE_GROUPS", {name: group(name) for name in kernel_suite.CASE_GROUPS})
+    rows = kernel_suite.run(Context(out_dir=tmp_path, quick=True, kernel_cases=("moe-layer", "dsa")))
+    assert ran == ["dsa", "moe-layer"] and [row.case for row in rows] == ran
+    ran.clear()
+    kernel_suite.run(Context(out_dir=tmp_path, quick=True))
+    assert ran == list(kernel_suite.CASE_GROUPS)

@@ -84,6 +84,16 @@ KERNEL_SCRIPT = textwrap.dedent(
         torch.testing.assert_close(gx.float(), gx_ref.float(), **tol)  # fp32 sums of 3 rows
         torch.testing.assert_close(r.float(), r_ref.float(), **tol)
         torch.testing.assert_close(r.float(), 3 * tokens.float(), rtol=1e-2, atol=1e-2)
+        addend = torch.randn(29, hidden, generator=g).to(dtype)
+        sums = []
+        for unpermute in (unpermute_tokens, unpermute_tokens_reference):
+            y, a = p.clone().requires_grad_(), addend.clone().requires_grad_()
+            out = unpermute(y, rows, a)
+            out.backward(grad_tokens)
+            sums.append((out.detach(), y.grad, a.grad))
+        (s, gy_s, ga), (s_ref, gy_s_ref, ga_ref) = sums
+        torch.testing.assert_close(s.float(), s_ref.float(), **tol)  # the addend joins the fp32 sum
+        assert torch.equal(gy_s, gy_s_ref) and torch.equal(ga, grad_tokens) and torch.equal(ga_ref, grad_tokens)
         print("moe permute ok", dtype)
     """
 )
@@ -105,6 +115,8 @@ def test_bad_inputs_raise_naming_the_problem(monkeypatch) -> None:
         permute_tokens(torch.randn(5, 8), rows, 12)
     with pytest.raises(ValueError, match=r"rows must be int32 \[T, E\]"):
         unpermute_tokens(torch.randn(12, 8), rows.long())
+    with pytest.raises(ValueError, match=r"addend must be \[T, H\] = \[6, 8\] torch.float32"):
+        unpermute_tokens(torch.randn(12, 8), rows, torch.randn(6, 4))
     with pytest.raises(ValueError, match=r"probs \(6, 3\) and rows \(6, 4\)"):
         permute_probs(probs[:, :3], rows, 12)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

@@ -123,6 +123,7 @@ for experts in ("grouped", "sequential"):
     for name, ref in want[2].items():
         torch.testing.assert_close(got[2][name], ref, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
     assert fused.mlp.token_dispatcher.rows is None  # the pass's table is not kept past the combine
+    assert fused.mlp.token_dispatcher.combine_addend is None  # nor the shared expert's output it summed in
     print("fused dispatch ok", experts)
 """
 
@@ -203,3 +204,56 @@ def test_the_fused_expert_activation_is_refused_where_it_cannot_run(megatron_bui
         replace(config, moe=replace(config.moe, expert_activation="compiled")).validate()
     with pytest.raises(ValueError, match="runs in our grouped experts on the local backend"):
         build_moe_layer(replace(config, moe=replace(config.moe, expert_activation="fused")), "te", experts="grouped")
+
+
+ROUTER_GATING_SCRIPT = """
+from dataclasses import replace
+import torch
+from megatron.core.transformer.moe.router import TopKRouter
+from nam56r.model.model import build_moe_layer
+from nam56r.model.moe_dispatch import FusedGatingRouter
+from nam56r.model.presets import get_preset
+from tests.nam56r.test_moe_layer import TOKENS, step
+
+config = get_preset("nam56r-tiny")
+torch.manual_seed(0)
+megatron = build_moe_layer(config, "local", experts="grouped", params_dtype=torch.bfloat16).bfloat16()
+assert type(megatron.mlp.router) is TopKRouter
+for dispatch in ("megatron", "fused-permute"):
+    fused_config = replace(config, moe=replace(config.moe, dispatch=dispatch, router_gating="fused"))
+    fused = build_moe_layer(fused_config, "local", experts="grouped", params_dtype=torch.bfloat16).bfloat16()
+    assert type(fused.mlp.router) is FusedGatingRouter
+    fused.load_state_dict(megatron.state_dict(), strict=True)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(*TOKENS, config.hidden_size, generator=g).bfloat16()
+    grad_out = torch.randn(*TOKENS, config.hidden_size, generator=g).bfloat16()
+    want, got = step(megatron, x, grad_out), step(fused, x, grad_out)
+    # The same fp32 logits up to summation order (so the same routing); the rest of the layer in bf16.
+    for name, a, b in (("output", got[0], want[0]), ("input grad", got[1], want[1]), *((n, got[2][n], r) for n, r in want[2].items())):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2, msg=lambda m, n=name: f"{n}: {m}")
+    print("fused router gating ok", dispatch)
+"""
+
+
+def test_the_fused_router_gating_gives_megatrons_layer_output_and_gradients(run_interpreted, megatron_built) -> None:
+    """`MoEConfig.router_gating="fused"` (its Triton kernels under the interpreter) in the real bf16 layer, on both
+    dispatch paths, against Megatron's local router GEMM: same weights, same output, input and parameter gradients
+    within bf16 rounding."""
+    stdout = run_interpreted(ROUTER_GATING_SCRIPT, timeout=600)
+    assert stdout.count("fused router gating ok") == 2, stdout
+
+
+def test_the_fused_router_gating_refuses_what_it_does_not_compute(megatron_built) -> None:
+    from dataclasses import replace
+
+    from nam56r.model.model import build_moe_layer
+    from nam56r.model.moe_dispatch import FusedGatingRouter
+    from nam56r.model.presets import get_preset
+
+    config = get_preset("nam56r-tiny")
+    with pytest.raises(ValueError, match="moe.router_gating 'te' must be one of 'megatron', 'fused'"):
+        replace(config, moe=replace(config.moe, router_gating="te")).validate()
+    router = build_moe_layer(config, "local", experts="grouped").mlp.router
+    router.config.moe_router_dtype = "fp64"
+    with pytest.raises(ValueError, match=r"router_gating='fused' does not support moe_router_dtype='fp64' \(needs 'fp32'\)"):
+        FusedGatingRouter.adopt(router)
