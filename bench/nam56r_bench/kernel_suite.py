@@ -31,6 +31,9 @@ Cases (each size by the ModelConfig field it is read from):
   nam56r.model.model.build_moe_layer on the recipe backend) on N tokens as seq_length x N/seq_length sequences,
   in training mode: Megatron's per-expert ``SequentialMLP`` vs our grouped experts, with Megatron's all-to-all
   dispatcher and with ours at EP=1 (``MoEConfig.dispatch="fused-permute"``, nam56r.model.moe_dispatch), same weights.
+  ``moe layer fwd+bwd back-to-back``: the same steps ten at a time with no synchronization between them, as a
+  training step runs its layers, so the host's launch time hides behind queued GPU work where it can (each
+  ``fwd+bwd`` step starts from an idle GPU and counts it).
   ``moe layer stages``: each variant's forward split into its stages with CUDA events at module hooks (shared
   expert, router, dispatch+permute, experts, unpermute+combine), and the backward as the rest of the step.
   ``moe layer kernels``: the fused-permute variant's forward+backward, kernel by kernel (PyTorch profiler; not with

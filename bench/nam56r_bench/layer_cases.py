@@ -145,7 +145,7 @@ def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
     seq, batch = shapes.seq_length, moe_layer_batch(shapes, sweep)
     config, backend = get_preset(shapes.preset), resolve_backend("auto")
     case = f"moe layer fwd+bwd ({sweep.moe_tokens} tokens)"
-    rows, stage_rows, reference, weights = [], [], None, None
+    rows, back_to_back, stage_rows, reference, weights = [], [], [], None, None
     for variant, (experts, dispatch, activation, gating) in MOE_LAYER_VARIANTS.items():
         variant_config = replace(config, moe=replace(config.moe, dispatch=dispatch, expert_activation=activation, router_gating=gating))
         layer = build_moe_layer(variant_config, backend, device="cuda", params_dtype=torch.bfloat16, experts=experts)
@@ -158,12 +158,40 @@ def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
         rows.append(row)
         reference = reference if reference is not None else result
         if row.time_ms is not None:
+            back_to_back.append(_back_to_back_row(f"moe layer fwd+bwd back-to-back ({sweep.moe_tokens} tokens)", variant, step, ctx))
             stage_rows.append(_moe_stage_row(f"moe layer stages ({sweep.moe_tokens} tokens)", variant, layer, step, ctx))
             if variant in PROFILED_MOE_VARIANTS and not ctx.quick:
                 stage_rows.append(_moe_kernel_row(f"moe layer kernels ({sweep.moe_tokens} tokens)", variant, step))
         del layer, step, result
         torch.cuda.empty_cache()
-    return rows + stage_rows
+    return rows + back_to_back + stage_rows
+
+
+BACK_TO_BACK_STEPS = 10
+
+
+def _back_to_back_row(case: str, variant: str, step: Callable[[], tuple], ctx: Context) -> Row:
+    """`step` BACK_TO_BACK_STEPS times in a row with no synchronization between them, as a training step runs its
+    layers: the host queues a step's kernels while the GPU still runs the previous one's, so what the `fwd+bwd` row
+    counts of the host's launch time between kernels (each of its steps starts from an idle GPU) is hidden wherever
+    the GPU has queued work. Median over 3 repeats of the per-step time."""
+    import statistics
+
+    import torch
+
+    steps = 3 if ctx.quick else BACK_TO_BACK_STEPS
+    step()
+    torch.cuda.synchronize()
+    per_step = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        per_step.append(start.elapsed_time(end) / steps)
+    return Row(case, variant, time_ms=statistics.median(per_step), extra={"steps": steps})
 
 
 # The MoE layer's forward stages, each between two CUDA events recorded at module hooks ("start"/"end" of a

@@ -20,6 +20,10 @@ Contract:
   the input's dtype. Backward: each row's gradient is its token's, and so is the addend's.
 - ``permute_probs(probs [T, E], rows, N)`` -> [N]: each selected pair's prob in the permuted order,
   differentiable (plain torch).
+- ``routing_table(routing_map, probs, N)`` -> ``expert_rows``' two tensors and ``permute_probs``' [N], from two Triton
+  passes over the routing map instead of a dozen torch ops (each op costs the host a launch, and the dispatch sits
+  between the router and the experts, where the GPU waits on the host), and a device-side check that the map selects
+  N pairs. Differentiable in probs.
 
 Triton kernels on CUDA tensors, or under Triton's CPU interpreter (the CPU tests); the references are
 ``permute_tokens_reference`` / ``unpermute_tokens_reference`` (index_select / index_add). Nothing falls back.
@@ -35,6 +39,7 @@ from nam56r_kernels.triton_support import require_cuda_or_interpreter
 
 __all__ = [
     "expert_rows",
+    "routing_table",
     "permute_probs",
     "permute_tokens",
     "permute_tokens_reference",
@@ -43,6 +48,7 @@ __all__ = [
 ]
 
 _BLOCK_H = 1024
+_BLOCK_T = 1024
 
 
 def expert_rows(routing_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,6 +68,19 @@ def permute_probs(probs: torch.Tensor, rows: torch.Tensor, num_rows: int) -> tor
         raise ValueError(f"probs {tuple(probs.shape)} and rows {tuple(rows.shape)} must both be [T, E]")
     slots = torch.where(rows >= 0, rows, num_rows).long().view(-1)  # unselected pairs land in a spare slot
     return probs.new_zeros(num_rows + 1).scatter(0, slots, probs.reshape(-1))[:num_rows]
+
+
+def routing_table(routing_map: torch.Tensor, probs: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows int32 [T, E], tokens per expert int64 [E], probs of the selected pairs in row order [num_rows]): what
+    `expert_rows` and `permute_probs` return, without a host sync; an asynchronous device assertion fails the next
+    synchronizing call when the map does not select exactly num_rows pairs (dropless top-k routing)."""
+    if routing_map.dim() != 2 or routing_map.dtype != torch.bool:
+        raise ValueError(f"routing_map must be bool [T, E], got {routing_map.dtype} {tuple(routing_map.shape)}")
+    if probs.shape != routing_map.shape or not probs.is_floating_point() or probs.device != routing_map.device:
+        raise ValueError(f"probs must be floating and shaped as routing_map {tuple(routing_map.shape)} on its device, got "
+                         f"{probs.dtype} {tuple(probs.shape)} on {probs.device}")
+    require_cuda_or_interpreter(routing_map, "nam56r_kernels.moe_permute.routing_table", "expert_rows and permute_probs")
+    return _RoutingTable.apply(routing_map, probs, num_rows)
 
 
 def permute_tokens(tokens: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
@@ -128,6 +147,30 @@ def _sum_rows(src: torch.Tensor, rows: torch.Tensor, addend: torch.Tensor | None
     return out
 
 
+class _RoutingTable(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, routing_map, probs, num_rows):
+        tokens, experts = routing_map.shape
+        selected = routing_map.contiguous().view(torch.uint8)
+        rows = torch.empty(tokens, experts, dtype=torch.int32, device=routing_map.device)
+        counts = torch.empty(experts, dtype=torch.int64, device=routing_map.device)
+        row_probs = torch.zeros(num_rows, dtype=probs.dtype, device=probs.device)
+        covered = torch.empty(1, dtype=torch.uint8, device=routing_map.device)
+        _expert_counts_kernel[(experts,)](selected, counts, tokens, EXPERTS=experts, BLOCK_T=_BLOCK_T)
+        _routing_rows_kernel[(experts,)](selected, probs.contiguous(), counts, rows, row_probs, covered, tokens, num_rows,
+                                         EXPERTS=experts, BLOCK_T=_BLOCK_T, BLOCK_E=triton.next_power_of_2(experts))
+        torch._assert_async(covered.view(torch.bool), "the routing map does not select exactly top-k experts per token")
+        ctx.save_for_backward(rows)
+        ctx.mark_non_differentiable(rows, counts)
+        return rows, counts, row_probs
+
+    @staticmethod
+    def backward(ctx, _grad_rows, _grad_counts, grad_row_probs):
+        (rows,) = ctx.saved_tensors
+        selected = rows >= 0
+        return None, torch.where(selected, grad_row_probs[rows.clamp_min(0).long()], 0.0), None
+
+
 class _PermuteTokens(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tokens, rows, num_rows):
@@ -179,3 +222,34 @@ def _sum_rows_kernel(src_ptr, addend_ptr, out_ptr, rows_ptr, hidden, EXPERTS: tl
         if row >= 0:
             total += tl.load(src_ptr + row.to(tl.int64) * hidden + cols, mask=in_row, other=0.0).to(tl.float32)
     tl.store(out_ptr + token.to(tl.int64) * hidden + cols, total.to(out_ptr.dtype.element_ty), mask=in_row)
+
+
+@triton.jit
+def _expert_counts_kernel(selected_ptr, counts_ptr, tokens, EXPERTS: tl.constexpr, BLOCK_T: tl.constexpr):
+    expert = tl.program_id(0)
+    total = tl.zeros([BLOCK_T], dtype=tl.int64)
+    for start in range(0, tokens, BLOCK_T):
+        t = start + tl.arange(0, BLOCK_T)
+        total += tl.load(selected_ptr + t.to(tl.int64) * EXPERTS + expert, mask=t < tokens, other=0).to(tl.int64)
+    tl.store(counts_ptr + expert, tl.sum(total, axis=0))
+
+
+@triton.jit
+def _routing_rows_kernel(selected_ptr, probs_ptr, counts_ptr, rows_ptr, row_probs_ptr, covered_ptr, tokens, num_rows,
+                         EXPERTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+    """One expert's column of the map: its selected tokens, ascending, take the rows after all earlier experts'."""
+    expert = tl.program_id(0)
+    es = tl.arange(0, BLOCK_E)
+    counts = tl.load(counts_ptr + es, mask=es < EXPERTS, other=0)
+    if expert == 0:
+        tl.store(covered_ptr, (tl.sum(counts, axis=0) == num_rows).to(tl.uint8))
+    next_row = tl.sum(tl.where(es < expert, counts, 0), axis=0)
+    for start in range(0, tokens, BLOCK_T):
+        t = start + tl.arange(0, BLOCK_T)
+        at = t.to(tl.int64) * EXPERTS + expert
+        picked = tl.load(selected_ptr + at, mask=t < tokens, other=0).to(tl.int64)
+        row = next_row + tl.cumsum(picked, axis=0) - 1
+        tl.store(rows_ptr + at, tl.where(picked > 0, row, -1).to(tl.int32), mask=t < tokens)
+        take = (t < tokens) & (picked > 0)
+        tl.store(row_probs_ptr + row, tl.load(probs_ptr + at, mask=take, other=0.0), mask=take)
+        next_row += tl.sum(picked, axis=0)

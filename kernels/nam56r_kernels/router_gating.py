@@ -8,11 +8,13 @@ values are exact in fp32, so every fp32 sum here is the local path's up to summa
 
 Contract (both implementations):
 
-- ``x``: [..., H] bf16 or fp16; ``weight``: [E, H] in x's dtype; same device.
+- ``x``: [..., H] bf16; ``weight``: [E, H] bf16; same device.
 - Output: fp32 [..., E], ``x @ weight.T`` accumulated in fp32.
-- Backward (the incoming gradient is fp32 [..., E]): the input's gradient is ``grad @ weight`` in fp32, rounded to x's
-  dtype once; the weight's gradient is ``grad.T @ x`` in fp32, summed over fixed row blocks and then across them (no
-  atomics: run to run it is bit-identical), rounded to the weight's dtype once. Megatron rounds both the same way.
+- Backward (the incoming gradient is fp32 [..., E]): the input's gradient is ``grad @ weight`` in fp32, rounded to bf16
+  once; the weight's gradient is ``grad.T @ x`` in fp32, summed over fixed row blocks and then across them (no atomics:
+  run to run it is bit-identical), rounded to bf16 once. Megatron rounds both the same way. On the GPU the fp32
+  gradient is split into three bf16 terms that sum to it exactly (8 significant bits each), so every product with a
+  bf16 operand is exact and runs on the tensor cores; only the order of the fp32 sums differs from an fp32 GEMM.
 - Triton on CUDA tensors, or under Triton's CPU interpreter (the CPU tests); ``router_gating_reference`` is Megatron's
   local computation. Nothing falls back.
 """
@@ -42,7 +44,7 @@ def router_gating_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tens
 
 
 def router_gating(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """fp32 logits ``x @ weight.T`` from bf16/fp16 operands without an fp32 copy of x (module docstring)."""
+    """fp32 logits ``x @ weight.T`` from bf16 operands without an fp32 copy of x (module docstring)."""
     _check(x, weight)
     require_cuda_or_interpreter(x, "nam56r_kernels.router_gating", "router_gating_reference")
     return _RouterGating.apply(x, weight)
@@ -51,15 +53,15 @@ def router_gating(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"weight must be [E, H] with H = x's last dim; got x {tuple(x.shape)}, weight {tuple(weight.shape)}")
-    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
-        raise ValueError(f"x and weight must share a 16-bit float dtype (bf16 or fp16), got {x.dtype} and {weight.dtype}")
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
+        raise ValueError(f"x and weight must be bf16, got {x.dtype} and {weight.dtype}")
     if x.device != weight.device:
         raise ValueError(f"x and weight must share a device, got {x.device} and {weight.device}")
 
 
 def _interpreted() -> bool:
-    """Triton's CPU interpreter multiplies 16-bit tiles as raw integers, so there the forward multiplies their exact fp32
-    upcasts (the same products); on a GPU the 16-bit tiles go to the tensor cores."""
+    """Triton's CPU interpreter multiplies 16-bit tiles as raw integers, so there every product is of exact fp32
+    upcasts (the same products); on a GPU the bf16 tiles go to the tensor cores."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -93,10 +95,11 @@ class _RouterGating(torch.autograd.Function):
         if tokens:
             block_e = _experts_block(experts)
             _gating_dgrad[(triton.cdiv(tokens, _BLOCK_T), triton.cdiv(hidden, _BLOCK_H))](
-                grad, weight, grad_x, tokens, hidden, experts, BLOCK_T=_BLOCK_T, BLOCK_H=_BLOCK_H, BLOCK_E=block_e)
+                grad, weight, grad_x, tokens, hidden, experts, BLOCK_T=_BLOCK_T, BLOCK_H=_BLOCK_H, BLOCK_E=block_e,
+                UPCAST=_interpreted())
             _gating_wgrad[(blocks, triton.cdiv(hidden, _BLOCK_H))](
                 grad, rows_in, partial, tokens, hidden, experts, ROWS=_WGRAD_ROWS, BLOCK_T=_BLOCK_T, BLOCK_H=_BLOCK_H,
-                BLOCK_E=block_e)
+                BLOCK_E=block_e, UPCAST=_interpreted())
         grad_weight = partial.sum(dim=0).to(weight.dtype) if tokens else torch.zeros_like(weight)
         return grad_x.view(ctx.x_shape), grad_weight
 
@@ -121,22 +124,34 @@ def _gating_fwd(x_ptr, w_ptr, out_ptr, tokens, hidden, experts, BLOCK_T: tl.cons
 
 
 @triton.jit
+def _dot_fp32_bf16(a, b, acc, UPCAST: tl.constexpr):
+    """acc + a @ b for an fp32 tile a and a bf16 tile b, every product exact: a as three bf16 terms summing to it."""
+    if UPCAST:
+        return tl.dot(a, b.to(tl.float32), acc, input_precision="ieee")
+    high = a.to(tl.bfloat16)
+    rest = a - high.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    low = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    return tl.dot(low, b, tl.dot(mid, b, tl.dot(high, b, acc)))
+
+
+@triton.jit
 def _gating_dgrad(g_ptr, w_ptr, gx_ptr, tokens, hidden, experts, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_E: tl.constexpr):
+                  BLOCK_E: tl.constexpr, UPCAST: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     es = tl.arange(0, BLOCK_E)
     row_in, col_in, e_in = rows < tokens, cols < hidden, es < experts
     g = tl.load(g_ptr + rows.to(tl.int64)[:, None] * experts + es[None, :], mask=row_in[:, None] & e_in[None, :], other=0.0)
-    w = tl.load(w_ptr + es[:, None] * hidden + cols[None, :], mask=e_in[:, None] & col_in[None, :], other=0.0).to(tl.float32)
-    gx = tl.dot(g, w, input_precision="ieee")
+    w = tl.load(w_ptr + es[:, None] * hidden + cols[None, :], mask=e_in[:, None] & col_in[None, :], other=0.0)
+    gx = _dot_fp32_bf16(g, w, tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32), UPCAST)
     tl.store(gx_ptr + rows.to(tl.int64)[:, None] * hidden + cols[None, :], gx.to(gx_ptr.dtype.element_ty),
              mask=row_in[:, None] & col_in[None, :])
 
 
 @triton.jit
 def _gating_wgrad(g_ptr, x_ptr, partial_ptr, tokens, hidden, experts, ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr):
+                  BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, UPCAST: tl.constexpr):
     block = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     es = tl.arange(0, BLOCK_E)
@@ -147,7 +162,7 @@ def _gating_wgrad(g_ptr, x_ptr, partial_ptr, tokens, hidden, experts, ROWS: tl.c
         row_in = rows < tokens
         g_t = tl.load(g_ptr + rows.to(tl.int64)[None, :] * experts + es[:, None], mask=e_in[:, None] & row_in[None, :], other=0.0)
         x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * hidden + cols[None, :], mask=row_in[:, None] & col_in[None, :],
-                    other=0.0).to(tl.float32)
-        acc = tl.dot(g_t, x, acc, input_precision="ieee")
+                    other=0.0)
+        acc = _dot_fp32_bf16(g_t, x, acc, UPCAST)
     tl.store(partial_ptr + (block * experts + es[:, None]).to(tl.int64) * hidden + cols[None, :], acc,
              mask=e_in[:, None] & col_in[None, :])

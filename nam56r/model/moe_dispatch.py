@@ -23,7 +23,7 @@ from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
-from nam56r_kernels.moe_permute import expert_rows, permute_probs, permute_tokens, unpermute_tokens
+from nam56r_kernels.moe_permute import permute_tokens, routing_table, unpermute_tokens
 from nam56r_kernels.router_gating import router_gating
 
 from nam56r.model.config import MOE_DISPATCH_PATHS, ROUTER_GATING_PATHS, MoEDispatch, RouterGating
@@ -93,13 +93,11 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
         return hidden_states, probs
 
     def dispatch_postprocess(self, hidden_states: torch.Tensor, probs: torch.Tensor):
-        self.rows, tokens_per_expert = expert_rows(self.routing_map)
         num_rows = hidden_states.shape[0] * self.topk
-        # Dropless routing selects exactly top-k experts per token, so the rows cover [0, num_rows) once; checked on
-        # the device, without a host sync.
-        torch._assert_async(tokens_per_expert.sum() == num_rows, "the routing map does not select exactly top-k experts per token")
-        permuted = permute_tokens(hidden_states, self.rows, num_rows)
-        return permuted, tokens_per_expert, permute_probs(probs, self.rows, num_rows)
+        # Dropless routing selects exactly top-k experts per token, so the rows cover [0, num_rows) once; routing_table
+        # checks that on the device, without a host sync.
+        self.rows, tokens_per_expert, permuted_probs = routing_table(self.routing_map, probs, num_rows)
+        return permute_tokens(hidden_states, self.rows, num_rows), tokens_per_expert, permuted_probs
 
     def combine_preprocess(self, hidden_states: torch.Tensor) -> torch.Tensor:
         addend, self.combine_addend = self.combine_addend, None

@@ -99,13 +99,48 @@ KERNEL_SCRIPT = textwrap.dedent(
 )
 
 
+TABLE_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from nam56r_kernels.moe_permute import expert_rows, permute_probs, routing_table
+    from tests.kernels.test_moe_permute import routing
+
+    # 2500 tokens span three scan blocks, the last partial; one expert gets no token.
+    for tokens, experts, topk, idle in ((2500, 16, 4, (9,)), (29, 8, 3, ()), (7, 6, 2, (0, 5))):
+        routing_map, probs = routing(tokens, experts, topk, seed=tokens, idle_experts=idle)
+        want_rows, want_counts = expert_rows(routing_map)
+        p_ref, p = probs.clone().requires_grad_(), probs.clone().requires_grad_()
+        want_probs = permute_probs(p_ref, want_rows, tokens * topk)
+        rows, counts, row_probs = routing_table(routing_map, p, tokens * topk)
+        assert torch.equal(rows, want_rows) and torch.equal(counts, want_counts) and counts.dtype == torch.int64
+        assert torch.equal(row_probs, want_probs)
+        grad = torch.randn(tokens * topk, generator=torch.Generator().manual_seed(1))
+        want_probs.backward(grad)
+        row_probs.backward(grad)
+        assert torch.equal(p.grad, p_ref.grad)
+        print("routing table ok", tokens)
+    routing_map, probs = routing(12, 4, 2, seed=9)
+    try:
+        routing_table(routing_map, probs, 12 * 3)  # the map selects 2 per token, not 3
+    except RuntimeError as exc:
+        assert "does not select exactly top-k experts per token" in str(exc), exc
+        print("routing table refuses a short map")
+    """
+)
+
+
+def test_the_routing_table_kernels_match_the_references_under_the_triton_interpreter(run_interpreted) -> None:
+    stdout = run_interpreted(TABLE_SCRIPT, timeout=600)
+    assert stdout.count("routing table ok") == 3 and "routing table refuses a short map" in stdout, stdout
+
+
 def test_the_kernels_match_the_references_under_the_triton_interpreter(run_interpreted) -> None:
     stdout = run_interpreted(KERNEL_SCRIPT, timeout=600)
     assert stdout.count("moe permute ok") == 2, stdout
 
 
 def test_bad_inputs_raise_naming_the_problem(monkeypatch) -> None:
-    from nam56r_kernels.moe_permute import permute_tokens, unpermute_tokens
+    from nam56r_kernels.moe_permute import permute_tokens, routing_table, unpermute_tokens
 
     routing_map, probs = routing(6, 4, 2, seed=7)
     rows, _ = expert_rows(routing_map)
@@ -119,19 +154,27 @@ def test_bad_inputs_raise_naming_the_problem(monkeypatch) -> None:
         unpermute_tokens(torch.randn(12, 8), rows, torch.randn(6, 4))
     with pytest.raises(ValueError, match=r"probs \(6, 3\) and rows \(6, 4\)"):
         permute_probs(probs[:, :3], rows, 12)
+    with pytest.raises(ValueError, match=r"probs must be floating and shaped as routing_map \(6, 4\)"):
+        routing_table(routing_map, probs[:, :3], 12)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="needs CUDA tensors, got device cpu; use permute_tokens_reference"):
         permute_tokens(torch.randn(6, 8), rows, 12)
+    with pytest.raises(RuntimeError, match="needs CUDA tensors, got device cpu; use expert_rows and permute_probs"):
+        routing_table(routing_map, probs, 12)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the permute kernels run on CUDA only")
 def test_the_kernels_match_the_references_on_gpu_at_nam56rs_moe_shape() -> None:
-    """32768 tokens of hidden 4096, top-4 of 16 experts, bf16: copies exact, sums within one bf16 rounding."""
-    from nam56r_kernels.moe_permute import permute_tokens, unpermute_tokens
+    """32768 tokens of hidden 4096, top-4 of 16 experts, bf16: the routing table and copies exact, sums within one bf16
+    rounding."""
+    from nam56r_kernels.moe_permute import permute_tokens, routing_table, unpermute_tokens
 
-    routing_map, _ = routing(32768, 16, 4, seed=8)
-    rows, _ = expert_rows(routing_map.cuda())
+    routing_map, probs = routing(32768, 16, 4, seed=8)
+    rows, counts = expert_rows(routing_map.cuda())
+    table = routing_table(routing_map.cuda(), probs.cuda(), 32768 * 4)
+    assert torch.equal(table[0], rows) and torch.equal(table[1], counts)
+    assert torch.equal(table[2], permute_probs(probs.cuda(), rows, 32768 * 4))
     tokens = torch.randn(32768, 4096, device="cuda").bfloat16()
     permuted = permute_tokens(tokens, rows, 32768 * 4)
     assert torch.equal(permuted, permute_tokens_reference(tokens, rows, 32768 * 4))

@@ -72,9 +72,9 @@ def test_bad_inputs_raise_naming_the_problem(monkeypatch) -> None:
     x, weight, _ = inputs(4, 32, 4)
     with pytest.raises(ValueError, match=r"weight must be \[E, H\] with H = x's last dim"):
         router_gating(x, weight[:, :16])
-    with pytest.raises(ValueError, match="must share a 16-bit float dtype"):
+    with pytest.raises(ValueError, match="x and weight must be bf16, got torch.float32 and torch.float32"):
         router_gating(x.float(), weight.float())
-    with pytest.raises(ValueError, match="must share a 16-bit float dtype"):
+    with pytest.raises(ValueError, match="x and weight must be bf16, got torch.bfloat16 and torch.float16"):
         router_gating(x, weight.half())
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="needs CUDA tensors, got device cpu; use router_gating_reference"):
@@ -84,13 +84,26 @@ def test_bad_inputs_raise_naming_the_problem(monkeypatch) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the router gating kernels run on CUDA only")
 def test_the_kernels_match_megatrons_local_path_on_gpu_at_nam56rs_router_shape() -> None:
-    """32768 tokens of hidden 4096, 16 experts, bf16: fp32 logits within fp32 summation order, gradients within one
-    bf16 rounding, the same routing."""
+    """32768 tokens of hidden 4096, 16 experts, bf16: fp32 logits within fp32 summation order, the same routing; the
+    input gradient within one bf16 step; the weight gradient, a sum over 32768 tokens whose fp32 rounding depends on the
+    order, within one bf16 step or 1e-4 of its scale (where the sum cancels to near zero)."""
     x, weight, grad = inputs(16384, 4096, 16, seed=3, device="cuda")
     logits, gx, gw = run(router_gating, x, weight, grad)
     ref_logits, ref_gx, ref_gw = run(router_gating_reference, x, weight, grad)
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-4)
     assert torch.equal(logits.topk(4, dim=-1).indices.sort(-1).values, ref_logits.topk(4, dim=-1).indices.sort(-1).values)
-    torch.testing.assert_close(gx.float(), ref_gx.float(), rtol=2**-8, atol=1e-6)
-    torch.testing.assert_close(gw.float(), ref_gw.float(), rtol=2**-8, atol=1e-5)
+    torch.testing.assert_close(gx.float(), ref_gx.float(), rtol=2**-7, atol=1e-6)
+    torch.testing.assert_close(gw.float(), ref_gw.float(), rtol=2**-7, atol=1e-4 * ref_gw.float().abs().max().item())
     print("ROUTER_GATING_GPU_OK")
+
+
+def test_three_bf16_terms_sum_to_an_fp32_value_exactly() -> None:
+    """The split the GPU backward multiplies by (router_gating._dot_fp32_bf16), in torch with the same round-to-nearest
+    conversions: high + mid + low == a for fp32 values across the exponent range the gradients take."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(100_000, generator=g) * torch.logspace(-30, 30, 100_000)
+    high = a.bfloat16()
+    rest = a - high.float()
+    mid = rest.bfloat16()
+    low = (rest - mid.float()).bfloat16()
+    assert torch.equal((high.float() + mid.float()) + low.float(), a)
