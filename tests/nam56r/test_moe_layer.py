@@ -65,6 +65,18 @@ def step(layer, x: torch.Tensor, grad_out: torch.Tensor):
     return out.detach(), x.grad, {name: p.grad for name, p in layer.named_parameters()}
 
 
+def assert_same_step(want_layer, got_layer, config, dtype: torch.dtype = torch.float32, tol: float = 1e-5) -> None:
+    """One `step` of each layer on the same input and output gradient: the same output, input gradient and every
+    parameter gradient within `tol`."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(*TOKENS, config.hidden_size, generator=g).to(dtype)
+    grad_out = torch.randn(*TOKENS, config.hidden_size, generator=g).to(dtype)
+    want, got = step(want_layer, x, grad_out), step(got_layer, x, grad_out)
+    assert got[2].keys() == want[2].keys()
+    for name, a, b in (("output", got[0], want[0]), ("input grad", got[1], want[1]), *((n, got[2][n], r) for n, r in want[2].items())):
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_same_weights_same_output_and_gradients_in_fp32(layers) -> None:
     config, sequential, grouped = layers
     g = torch.Generator().manual_seed(2)
@@ -163,7 +175,7 @@ from dataclasses import replace
 import torch
 from nam56r.model.model import build_moe_layer
 from nam56r.model.presets import get_preset
-from tests.nam56r.test_moe_layer import TOKENS, step
+from tests.nam56r.test_moe_layer import assert_same_step
 
 config = get_preset("nam56r-tiny")
 torch.manual_seed(0)
@@ -173,12 +185,7 @@ for dispatch in ("megatron", "fused-permute"):
     fused = build_moe_layer(fused_config, "local", experts="grouped")
     assert fused.mlp.experts.fused_activation and not eager.mlp.experts.fused_activation
     fused.load_state_dict(eager.state_dict(), strict=True)
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(*TOKENS, config.hidden_size, generator=g)
-    grad_out = torch.randn(*TOKENS, config.hidden_size, generator=g)
-    want, got = step(eager, x, grad_out), step(fused, x, grad_out)
-    for name, a, b in (("output", got[0], want[0]), ("input grad", got[1], want[1]), *((n, got[2][n], r) for n, r in want[2].items())):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    assert_same_step(eager, fused, config)
     print("fused activation ok", dispatch)
 """
 
@@ -213,7 +220,7 @@ from megatron.core.transformer.moe.router import TopKRouter
 from nam56r.model.model import build_moe_layer
 from nam56r.model.moe_dispatch import FusedGatingRouter
 from nam56r.model.presets import get_preset
-from tests.nam56r.test_moe_layer import TOKENS, step
+from tests.nam56r.test_moe_layer import assert_same_step
 
 config = get_preset("nam56r-tiny")
 torch.manual_seed(0)
@@ -224,13 +231,8 @@ for dispatch in ("megatron", "fused-permute"):
     fused = build_moe_layer(fused_config, "local", experts="grouped", params_dtype=torch.bfloat16).bfloat16()
     assert type(fused.mlp.router) is FusedGatingRouter
     fused.load_state_dict(megatron.state_dict(), strict=True)
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(*TOKENS, config.hidden_size, generator=g).bfloat16()
-    grad_out = torch.randn(*TOKENS, config.hidden_size, generator=g).bfloat16()
-    want, got = step(megatron, x, grad_out), step(fused, x, grad_out)
     # The same fp32 logits up to summation order (so the same routing); the rest of the layer in bf16.
-    for name, a, b in (("output", got[0], want[0]), ("input grad", got[1], want[1]), *((n, got[2][n], r) for n, r in want[2].items())):
-        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2, msg=lambda m, n=name: f"{n}: {m}")
+    assert_same_step(megatron, fused, config, dtype=torch.bfloat16, tol=2e-2)
     print("fused router gating ok", dispatch)
 """
 
