@@ -105,8 +105,9 @@ class MoEConfig:
     # pass each way with the same rounding steps (nam56r_kernels.expert_activation; our grouped experts, local backend).
     expert_activation: ExpertActivation = "eager"
     # How it runs: "megatron", Megatron's local router GEMM (input and weight copied to fp32, an fp32 GEMM each way);
-    # "fused", the bf16 operands multiplied into fp32 logits and fp32 gradients, no fp32 copies
-    # (nam56r_kernels.router_gating; TransformerEngine's arithmetic). Either way the logits and gradients are fp32 sums.
+    # "fused", the bf16 operands multiplied into fp32 logits, and both gradients summed in fp32 from exact products, no
+    # fp32 copies (nam56r_kernels.router_gating; TransformerEngine's arithmetic). Either way the logits are fp32 sums and
+    # the gradients fp32 sums rounded to bf16.
     router_gating: RouterGating = "megatron"
 
 

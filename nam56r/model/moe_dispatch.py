@@ -50,6 +50,8 @@ class FusedGatingRouter(TopKRouter):
         return router
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
+        if self.weight.device.type == "cpu":  # as TopKRouter.gating: a CPU-initialised router moves on first use
+            self.weight.data = self.weight.data.to(device=torch.cuda.current_device())
         return router_gating(input, self.weight)
 
 
