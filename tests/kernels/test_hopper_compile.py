@@ -10,7 +10,7 @@ HOPPER = ("cuda", 90, 32)
 
 
 def _kernels():
-    from nam56r_kernels import dsa_indexer, expert_activation, linear_cross_entropy, moe_permute
+    from nam56r_kernels import dsa_indexer, expert_activation, linear_cross_entropy, moe_permute, router_gating
 
     scores = {"q_ptr": "*bf16", "k_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "sq": "i32", "sk": "i32",
               **{name: "i64" for name in ("stride_qs", "stride_qb", "stride_qh", "stride_ks", "stride_kb", "stride_ws",
@@ -18,6 +18,15 @@ def _kernels():
     select = {"scores_ptr": "*fp32", "out_scores_ptr": "*fp32", "out_indices_ptr": "*i32", "sk": "i32", "kept": "i32",
               "stride_row": "i64", "stride_out": "i64"}
     rows = {"src_ptr": "*bf16", "out_ptr": "*bf16", "rows_ptr": "*i32", "hidden": "i32"}
+    sum_rows = {"src_ptr": "*bf16", "addend_ptr": "*bf16", "out_ptr": "*bf16", "rows_ptr": "*i32", "hidden": "i32"}
+    counts = {"selected_ptr": "*u8", "counts_ptr": "*i64", "tokens": "i32"}
+    table = {"selected_ptr": "*u8", "probs_ptr": "*fp32", "counts_ptr": "*i64", "rows_ptr": "*i32", "row_probs_ptr": "*fp32",
+             "covered_ptr": "*u8", "tokens": "i32", "num_rows": "i32"}
+    gating = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "tokens": "i32", "hidden": "i32", "experts": "i32"}
+    gating_dgrad = {"g_ptr": "*fp32", "w_ptr": "*bf16", "gx_ptr": "*bf16", "tokens": "i32", "hidden": "i32", "experts": "i32"}
+    gating_wgrad = {"g_ptr": "*fp32", "x_ptr": "*bf16", "partial_ptr": "*fp32", "tokens": "i32", "hidden": "i32",
+                    "experts": "i32"}
+    gating_blocks = {"BLOCK_T": router_gating._BLOCK_T, "BLOCK_H": router_gating._BLOCK_H, "BLOCK_E": 16}
     cross_entropy = {"logits_ptr": "*bf16", "labels_ptr": "*i64", "weights_ptr": "*fp32", "loss_ptr": "*fp32",
                      "predictions_ptr": "*i64", "vocab": "i32", "stride_row": "i64", "ignore_index": "i32"}
     activation = {"h_ptr": "*bf16", "scale_ptr": "*fp32", "out_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32"}
@@ -26,7 +35,7 @@ def _kernels():
     blocks = {"PRODUCT_FP32": True, "BLOCK_ROWS": expert_activation._BLOCK_ROWS, "BLOCK_COLS": expert_activation._BLOCK_COLS}
     # (kernel, signature, compile-time values): NAM56R's indexer (32 heads x 64, relu, causal), its select over 4096
     # keys keeping the top-256 and, in the dense warm-up, all 4096; the MoE permute at hidden 4096 and 16 experts;
-    # the experts' activation on bf16 with fp32 probs.
+    # the experts' activation on bf16 with fp32 probs; the router's gating over 16 experts (the GPU's bf16 path).
     return {
         "index scores": (dsa_indexer._index_scores_kernel, scores,
                          {"HEADS": 32, "DIM": 64, "BLOCK_M": dsa_indexer._SCORE_BLOCK_M, "BLOCK_N": dsa_indexer._SCORE_BLOCK_N,
@@ -36,15 +45,24 @@ def _kernels():
         "cross-entropy rows": (linear_cross_entropy._cross_entropy_rows_kernel, cross_entropy,
                                {"BLOCK": linear_cross_entropy._ROW_BLOCK}),
         "moe copy to rows": (moe_permute._copy_to_rows_kernel, rows, {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H}),
-        "moe sum rows": (moe_permute._sum_rows_kernel, rows, {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H}),
+        "moe sum rows": (moe_permute._sum_rows_kernel, sum_rows,
+                         {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H, "HAS_ADDEND": True}),
+        "moe expert counts": (moe_permute._expert_counts_kernel, counts, {"EXPERTS": 16, "BLOCK_T": moe_permute._BLOCK_T}),
+        "moe routing rows": (moe_permute._routing_rows_kernel, table,
+                             {"EXPERTS": 16, "BLOCK_T": moe_permute._BLOCK_T, "BLOCK_E": 16}),
+        "router gating forward": (router_gating._gating_fwd, gating, {**gating_blocks, "UPCAST": False}),
+        "router gating input gradient": (router_gating._gating_dgrad, gating_dgrad, {**gating_blocks, "UPCAST": False}),
+        "router gating weight gradient": (router_gating._gating_wgrad, gating_wgrad,
+                                          {"ROWS": router_gating._WGRAD_ROWS, **gating_blocks, "UPCAST": False}),
         "expert activation forward": (expert_activation._scaled_gelu_fwd, activation, blocks),
         "expert activation backward": (expert_activation._scaled_gelu_bwd, activation_bwd, blocks),
     }
 
 
 @pytest.mark.parametrize("name", ["index scores", "top-256 select", "dense warm-up select", "cross-entropy rows",
-                                  "moe copy to rows", "moe sum rows", "expert activation forward",
-                                  "expert activation backward"])
+                                  "moe copy to rows", "moe sum rows", "moe expert counts", "moe routing rows",
+                                  "router gating forward", "router gating input gradient", "router gating weight gradient",
+                                  "expert activation forward", "expert activation backward"])
 def test_the_kernel_compiles_for_hopper(name: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
