@@ -139,7 +139,9 @@ for indexer in ("megatron", "fused"):
         out, x_grad = _layers_step(layers, 2, 48, built.topk_cache.begin_forward)()
     assert out.shape == x_grad.shape == (48, 2, layers[0].config.hidden_size) and bool(torch.isfinite(x_grad).all())
     outputs.append((out, x_grad))
-torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+# The same computation on both paths, equal up to fp32 rounding: a loaded 2-core CI host has shown the two differ by
+# 2.4e-7 in 5 % of the elements, as CPU GEMMs may split their sums differently from run to run.
+torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-6)
 print("dsa layer step ok")
 """
 
