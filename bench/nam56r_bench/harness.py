@@ -107,8 +107,10 @@ def require_gpu(suite: str) -> None:
         raise BenchError(f"suite {suite!r} needs a CUDA GPU (an H100/H200) and none is visible here")
 
 
-def cuda_time_ms(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 10) -> float:
-    """Median milliseconds of `fn` over `iters` runs after `warmup`, timed with CUDA events."""
+def cuda_time_ms(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 10, calls_per_sample: int = 1) -> float:
+    """Median milliseconds per call of `fn` over `iters` samples after `warmup` calls, timed with CUDA events. A
+    sample is `calls_per_sample` calls in a row with no synchronization between them (the host queues a call while
+    the GPU still runs the previous one), divided by their number."""
     import torch
 
     for _ in range(warmup):
@@ -118,10 +120,11 @@ def cuda_time_ms(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 10) -> 
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls_per_sample):
+            fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / calls_per_sample)
     return statistics.median(times)
 
 

@@ -175,23 +175,10 @@ def _back_to_back_row(case: str, variant: str, step: Callable[[], tuple], ctx: C
     layers: the host queues a step's kernels while the GPU still runs the previous one's, so what the `fwd+bwd` row
     counts of the host's launch time between kernels (each of its steps starts from an idle GPU) is hidden wherever
     the GPU has queued work. Median over 3 repeats of the per-step time."""
-    import statistics
-
-    import torch
+    from nam56r_bench.harness import cuda_time_ms
 
     steps = 3 if ctx.quick else BACK_TO_BACK_STEPS
-    step()
-    torch.cuda.synchronize()
-    per_step = []
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        per_step.append(start.elapsed_time(end) / steps)
-    return Row(case, variant, time_ms=statistics.median(per_step), extra={"steps": steps})
+    return Row(case, variant, time_ms=cuda_time_ms(step, warmup=1, iters=3, calls_per_sample=steps), extra={"steps": steps})
 
 
 # The MoE layer's forward stages, each between two CUDA events recorded at module hooks ("start"/"end" of a

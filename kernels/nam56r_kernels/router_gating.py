@@ -21,13 +21,11 @@ Contract (both implementations):
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from nam56r_kernels.triton_support import require_cuda_or_interpreter
+from nam56r_kernels.triton_support import interpreted, require_cuda_or_interpreter
 
 __all__ = ["router_gating", "router_gating_reference"]
 
@@ -59,10 +57,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"x and weight must share a device, got {x.device} and {weight.device}")
 
 
-def _interpreted() -> bool:
-    """Triton's CPU interpreter multiplies 16-bit tiles as raw integers, so there every product is of exact fp32
-    upcasts (the same products); on a GPU the bf16 tiles go to the tensor cores."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+# UPCAST: Triton's CPU interpreter multiplies 16-bit tiles as raw integers, so there every product is of exact fp32
+# upcasts (the same products); on a GPU the bf16 tiles go to the tensor cores.
 
 
 def _experts_block(experts: int) -> int:
@@ -79,7 +75,7 @@ class _RouterGating(torch.autograd.Function):
         if tokens:
             _gating_fwd[(triton.cdiv(tokens, _BLOCK_T),)](rows_in, weight, logits, tokens, hidden, experts,
                                                           BLOCK_T=_BLOCK_T, BLOCK_H=_BLOCK_H, BLOCK_E=_experts_block(experts),
-                                                          UPCAST=_interpreted())
+                                                          UPCAST=interpreted())
         ctx.save_for_backward(rows_in, weight)
         ctx.x_shape = x.shape
         return logits.view(*x.shape[:-1], experts)
@@ -96,10 +92,10 @@ class _RouterGating(torch.autograd.Function):
             block_e = _experts_block(experts)
             _gating_dgrad[(triton.cdiv(tokens, _BLOCK_T), triton.cdiv(hidden, _BLOCK_H))](
                 grad, weight, grad_x, tokens, hidden, experts, BLOCK_T=_BLOCK_T, BLOCK_H=_BLOCK_H, BLOCK_E=block_e,
-                UPCAST=_interpreted())
+                UPCAST=interpreted())
             _gating_wgrad[(blocks, triton.cdiv(hidden, _BLOCK_H))](
                 grad, rows_in, partial, tokens, hidden, experts, ROWS=_WGRAD_ROWS, BLOCK_T=_BLOCK_T, BLOCK_H=_BLOCK_H,
-                BLOCK_E=block_e, UPCAST=_interpreted())
+                BLOCK_E=block_e, UPCAST=interpreted())
         grad_weight = partial.sum(dim=0).to(weight.dtype) if tokens else torch.zeros_like(weight)
         return grad_x.view(ctx.x_shape), grad_weight
 

@@ -7,12 +7,17 @@ import os
 import torch
 
 
+def interpreted() -> bool:
+    """Whether Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1, the CPU tests)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def require_cuda_or_interpreter(tensor: torch.Tensor, kernel: str, reference: str) -> None:
     """Raise unless ``tensor`` is on CUDA or Triton's CPU interpreter is on (TRITON_INTERPRET=1, the CPU tests).
 
     There is no silent fallback: a CPU caller must pick ``reference`` itself.
     """
-    if tensor.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if tensor.device.type != "cuda" and not interpreted():
         raise RuntimeError(f"{kernel} needs CUDA tensors, got device {tensor.device}; use {reference} for CPU")
 
 

@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                             "(fused, the default there; nam56r_kernels.expert_activation) or Megatron's eager ops (eager, "
                             "and the te backend's, whose grouped experts run TE's own activation)")
     shape.add_argument("--router-gating", choices=ROUTER_GATING_PATHS,
-                       help="the MoE router's fp32 logits: from its bf16 input and weight in one Triton pass each way, no fp32 "
+                       help="the MoE router's fp32 logits: from its bf16 input and weight with Triton kernels each way, no fp32 "
                             "copies (fused; nam56r_kernels.router_gating), or Megatron's local GEMM on fp32 copies (megatron); "
                             "both sum in fp32 (default: the recipe's)")
     shape.add_argument("--overlap-dp-comm", choices=("on", "off"),
