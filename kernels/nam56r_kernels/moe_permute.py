@@ -48,7 +48,8 @@ __all__ = [
 ]
 
 _BLOCK_H = 1024
-_BLOCK_T = 1024
+_TABLE_BLOCK_T = 256  # tokens per routing-table program
+_TABLE_CHUNK = 64  # blocks' counts read at a time for a block's prefix
 
 
 def expert_rows(routing_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,13 +153,19 @@ class _RoutingTable(torch.autograd.Function):
     def forward(ctx, routing_map, probs, num_rows):
         tokens, experts = routing_map.shape
         selected = routing_map.contiguous().view(torch.uint8)
-        rows = torch.empty(tokens, experts, dtype=torch.int32, device=routing_map.device)
-        counts = torch.empty(experts, dtype=torch.int64, device=routing_map.device)
+        device = routing_map.device
+        num_blocks = triton.cdiv(tokens, _TABLE_BLOCK_T)
+        block_e = triton.next_power_of_2(experts)
+        block_counts = torch.empty(max(num_blocks, 1), block_e, dtype=torch.int32, device=device)
+        rows = torch.empty(tokens, experts, dtype=torch.int32, device=device)
+        counts = torch.zeros(experts, dtype=torch.int64, device=device)
         row_probs = torch.zeros(num_rows, dtype=probs.dtype, device=probs.device)
-        covered = torch.empty(1, dtype=torch.uint8, device=routing_map.device)
-        _expert_counts_kernel[(experts,)](selected, counts, tokens, EXPERTS=experts, BLOCK_T=_BLOCK_T)
-        _routing_rows_kernel[(experts,)](selected, probs.contiguous(), counts, rows, row_probs, covered, tokens, num_rows,
-                                         EXPERTS=experts, BLOCK_T=_BLOCK_T, BLOCK_E=triton.next_power_of_2(experts))
+        covered = torch.full((1,), int(num_rows == 0), dtype=torch.uint8, device=device)
+        if num_blocks:
+            blocks = {"EXPERTS": experts, "BLOCK_T": _TABLE_BLOCK_T, "BLOCK_E": block_e}
+            _block_counts_kernel[(num_blocks,)](selected, block_counts, tokens, **blocks)
+            _routing_rows_kernel[(num_blocks,)](selected, probs.contiguous(), block_counts, counts, rows, row_probs, covered,
+                                                tokens, num_rows, num_blocks, **blocks, CHUNK=_TABLE_CHUNK)
         torch._assert_async(covered.view(torch.bool), "the routing map does not select exactly top-k experts per token")
         ctx.save_for_backward(rows)
         ctx.mark_non_differentiable(rows, counts)
@@ -225,31 +232,42 @@ def _sum_rows_kernel(src_ptr, addend_ptr, out_ptr, rows_ptr, hidden, EXPERTS: tl
 
 
 @triton.jit
-def _expert_counts_kernel(selected_ptr, counts_ptr, tokens, EXPERTS: tl.constexpr, BLOCK_T: tl.constexpr):
-    expert = tl.program_id(0)
-    total = tl.zeros([BLOCK_T], dtype=tl.int64)
-    for start in range(0, tokens, BLOCK_T):
-        t = start + tl.arange(0, BLOCK_T)
-        total += tl.load(selected_ptr + t.to(tl.int64) * EXPERTS + expert, mask=t < tokens, other=0).to(tl.int64)
-    tl.store(counts_ptr + expert, tl.sum(total, axis=0))
+def _block_counts_kernel(selected_ptr, block_counts_ptr, tokens, EXPERTS: tl.constexpr, BLOCK_T: tl.constexpr,
+                         BLOCK_E: tl.constexpr):
+    """Each expert's selected tokens in one block of BLOCK_T tokens (padding experts count 0)."""
+    block = tl.program_id(0)
+    t = block * BLOCK_T + tl.arange(0, BLOCK_T)
+    es = tl.arange(0, BLOCK_E)
+    inside = (t[:, None] < tokens) & (es[None, :] < EXPERTS)
+    picked = tl.load(selected_ptr + t.to(tl.int64)[:, None] * EXPERTS + es[None, :], mask=inside, other=0).to(tl.int32)
+    tl.store(block_counts_ptr + block * BLOCK_E + es, tl.sum(picked, axis=0))
 
 
 @triton.jit
-def _routing_rows_kernel(selected_ptr, probs_ptr, counts_ptr, rows_ptr, row_probs_ptr, covered_ptr, tokens, num_rows,
-                         EXPERTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
-    """One expert's column of the map: its selected tokens, ascending, take the rows after all earlier experts'."""
-    expert = tl.program_id(0)
+def _routing_rows_kernel(selected_ptr, probs_ptr, block_counts_ptr, counts_ptr, rows_ptr, row_probs_ptr, covered_ptr,
+                         tokens, num_rows, num_blocks, EXPERTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                         CHUNK: tl.constexpr):
+    """One block of tokens: a selected pair's row is its expert's start (all earlier experts' tokens) plus the expert's
+    tokens in earlier blocks plus its rank among the block's own, so every block runs at once."""
+    block = tl.program_id(0)
     es = tl.arange(0, BLOCK_E)
-    counts = tl.load(counts_ptr + es, mask=es < EXPERTS, other=0)
-    if expert == 0:
-        tl.store(covered_ptr, (tl.sum(counts, axis=0) == num_rows).to(tl.uint8))
-    next_row = tl.sum(tl.where(es < expert, counts, 0), axis=0)
-    for start in range(0, tokens, BLOCK_T):
-        t = start + tl.arange(0, BLOCK_T)
-        at = t.to(tl.int64) * EXPERTS + expert
-        picked = tl.load(selected_ptr + at, mask=t < tokens, other=0).to(tl.int64)
-        row = next_row + tl.cumsum(picked, axis=0) - 1
-        tl.store(rows_ptr + at, tl.where(picked > 0, row, -1).to(tl.int32), mask=t < tokens)
-        take = (t < tokens) & (picked > 0)
-        tl.store(row_probs_ptr + row, tl.load(probs_ptr + at, mask=take, other=0.0), mask=take)
-        next_row += tl.sum(picked, axis=0)
+    total = tl.zeros([BLOCK_E], dtype=tl.int32)
+    earlier = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for start in range(0, num_blocks, CHUNK):
+        bs = start + tl.arange(0, CHUNK)
+        counts = tl.load(block_counts_ptr + bs[:, None] * BLOCK_E + es[None, :], mask=bs[:, None] < num_blocks, other=0)
+        total += tl.sum(counts, axis=0)
+        earlier += tl.sum(tl.where(bs[:, None] < block, counts, 0), axis=0)
+    if block == 0:
+        tl.store(counts_ptr + es, total.to(tl.int64), mask=es < EXPERTS)
+        tl.store(covered_ptr, (tl.sum(total, axis=0) == num_rows).to(tl.uint8))
+    first = tl.cumsum(total, axis=0) - total + earlier
+    t = block * BLOCK_T + tl.arange(0, BLOCK_T)
+    inside = (t[:, None] < tokens) & (es[None, :] < EXPERTS)
+    at = t.to(tl.int64)[:, None] * EXPERTS + es[None, :]
+    picked = tl.load(selected_ptr + at, mask=inside, other=0).to(tl.int32)
+    row = first[None, :] + tl.cumsum(picked, axis=0) - 1
+    tl.store(rows_ptr + at, tl.where(picked > 0, row, -1), mask=inside)
+    # A map selecting more than num_rows pairs fails the device assertion; its excess rows are not written meanwhile.
+    take = inside & (picked > 0) & (row < num_rows)
+    tl.store(row_probs_ptr + row, tl.load(probs_ptr + at, mask=take, other=0.0), mask=take)

@@ -25,6 +25,9 @@ EXPERT_ACTIVATION_PATHS: tuple[str, ...] = get_args(ExpertActivation)
 # How a MoE router computes its fp32 logits (MoEConfig.router_gating).
 RouterGating = Literal["megatron", "fused"]
 ROUTER_GATING_PATHS: tuple[str, ...] = get_args(RouterGating)
+# How a MoE router turns its logits into routing probs, the seq aux loss and the expert load (MoEConfig.routing).
+MoERouting = Literal["megatron", "fused"]
+MOE_ROUTING_PATHS: tuple[str, ...] = get_args(MoERouting)
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,11 @@ class MoEConfig:
     # fp32 copies (nam56r_kernels.router_gating; TransformerEngine's arithmetic). Either way the logits are fp32 sums and
     # the gradients fp32 sums rounded to bf16.
     router_gating: RouterGating = "megatron"
+    # How it runs: "megatron", TopKRouter.routing without TransformerEngine (about 40 small torch ops forward, as many
+    # backward, each a host launch while the GPU waits); "fused", the sigmoid scores, top-k, probs, seq aux loss and
+    # expert load in two Triton launches forward and one backward (nam56r_kernels.moe_routing; the same selection and
+    # values to fp32 rounding). Only the sigmoid score function with the seq aux loss or none is fused.
+    routing: MoERouting = "megatron"
 
 
 @dataclass(frozen=True)
@@ -216,6 +224,8 @@ class ModelConfig:
             problems.append("moe.expert_activation 'fused' is the non-gated experts' GELU; gated experts need 'eager'")
         if self.moe.router_gating not in ROUTER_GATING_PATHS:
             problems.append(f"moe.router_gating {self.moe.router_gating!r} must be one of {', '.join(map(repr, ROUTER_GATING_PATHS))}")
+        if self.moe.routing not in MOE_ROUTING_PATHS:
+            problems.append(f"moe.routing {self.moe.routing!r} must be one of {', '.join(map(repr, MOE_ROUTING_PATHS))}")
         if self.full_attention_every < 1:
             problems.append(f"full_attention_every {self.full_attention_every} must be positive")
         if self.index_cache.share_group < 1:

@@ -11,7 +11,7 @@ pass, so it differs from Megatron's (sum, round, add the shared output, round) o
 counts stay on the GPU, which the grouped experts (`nam56r.model.moe_experts.GroupedMLPExperts`) take.
 
 `DispatchMoELayer` is Megatron's MoELayer with this dispatcher when `MoEConfig.dispatch="fused-permute"`, and
-unchanged with "megatron"; with `MoEConfig.router_gating="fused"` its router is `FusedGatingRouter`. The fused
+unchanged with "megatron"; with `MoEConfig.router_gating` or `MoEConfig.routing` "fused" its router is `FusedRouter`. The fused
 dispatcher refuses what it does not cover (expert or tensor parallel above
 1, token dropping, padding for quantization, shared-expert overlap, Megatron's own fused permute) when built.
 """
@@ -24,35 +24,96 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
 from nam56r_kernels.moe_permute import permute_tokens, routing_table, unpermute_tokens
+from nam56r_kernels.moe_routing import sigmoid_topk_routing
 from nam56r_kernels.router_gating import router_gating
 
-from nam56r.model.config import MOE_DISPATCH_PATHS, ROUTER_GATING_PATHS, MoEDispatch, RouterGating
+from nam56r.model.config import (
+    MOE_DISPATCH_PATHS,
+    MOE_ROUTING_PATHS,
+    ROUTER_GATING_PATHS,
+    MoEDispatch,
+    MoERouting,
+    RouterGating,
+)
 
 
-class FusedGatingRouter(TopKRouter):
-    """Megatron's TopKRouter whose gating GEMM is `nam56r_kernels.router_gating`: fp32 logits from the bf16 input and
-    weight, as TransformerEngine computes them, where Megatron's local path copies both to fp32 first. Routing, the aux
-    loss and the expert bias are TopKRouter's."""
+class FusedRouter(TopKRouter):
+    """Megatron's TopKRouter with either or both of its stages on our kernels, its parameters, buffers and state-dict
+    keys unchanged:
+
+    - gating (`MoEConfig.router_gating="fused"`): `nam56r_kernels.router_gating`, fp32 logits from the bf16 input and
+      weight, as TransformerEngine computes them, where Megatron's local path copies both to fp32 first;
+    - routing (`MoEConfig.routing="fused"`): `nam56r_kernels.moe_routing`, the sigmoid scores, top-k probs and map, the
+      seq aux loss and the expert load in two Triton launches, where TopKRouter.routing runs about 40 torch ops. The
+      aux loss is attached and logged by TopKRouter's own `attach_and_log_load_balancing_loss`, and the expert load
+      lands in `local_tokens_per_expert` as `_apply_expert_bias` adds it.
+
+    A stage that is not fused is TopKRouter's."""
+
+    fused_gating: bool
+    fused_routing: bool
 
     @classmethod
-    def adopt(cls, router: torch.nn.Module) -> FusedGatingRouter:
-        """`router` (a TopKRouter, its parameters and buffers kept) as a FusedGatingRouter; raises for what the fused
-        gating does not compute (another router class, a router bias, router dtypes other than fp32)."""
-        unsupported = {
-            f"router class {type(router).__name__} (needs TopKRouter)": type(router) is not TopKRouter,
-            "a router bias": getattr(router, "bias", None) is not None,
-            f"moe_router_dtype={router.config.moe_router_dtype!r} (needs 'fp32')": router.config.moe_router_dtype != "fp32",
-        }
-        if problems := [name for name, bad in unsupported.items() if bad]:
-            raise ValueError("MoEConfig.router_gating='fused' does not support " + "; ".join(problems)
-                             + "; use MoEConfig.router_gating='megatron'")
+    def adopt(cls, router: torch.nn.Module, gating: RouterGating, routing: MoERouting) -> FusedRouter:
+        """`router` (a TopKRouter) as a FusedRouter running the stages named "fused"; raises for what they do not
+        compute, naming the Megatron setting and the path that computes it."""
+        if type(router) is not TopKRouter:
+            raise ValueError(f"MoEConfig.router_gating/routing 'fused' need Megatron's TopKRouter, got {type(router).__name__}")
+        config = router.config
+        unsupported = {}
+        if gating == "fused":
+            unsupported.update({
+                ("router_gating", "a router bias"): getattr(router, "bias", None) is not None,
+                ("router_gating", f"moe_router_dtype={config.moe_router_dtype!r} (needs 'fp32')"): config.moe_router_dtype != "fp32",
+            })
+        if routing == "fused":
+            other_aux = [kind for kind in ("aux_loss", "global_aux_loss") if router.get_aux_loss_coeff(kind) > 0]
+            unsupported.update({
+                ("routing", f"moe_router_score_function={router.score_function!r} (needs 'sigmoid')"): router.score_function != "sigmoid",
+                ("routing", f"moe_router_load_balancing_type={router.routing_type!r}"): (
+                    router.routing_type in ("sinkhorn", "quantile_balancing") or bool(other_aux)),
+                ("routing", "moe_z_loss_coeff"): config.moe_z_loss_coeff is not None,
+                ("routing", "moe_router_num_groups/moe_router_group_topk"): bool(config.moe_router_group_topk),
+                ("routing", "moe_expert_capacity_factor (token dropping)"): config.moe_expert_capacity_factor is not None,
+                ("routing", "moe_enable_routing_replay"): router.router_replay is not None,
+                ("routing", "moe_router_fusion=True (TransformerEngine's fused router)"): config.moe_router_fusion,
+                ("routing", f"tensor x context parallel size {router.tp_cp_group.size()} (the seq aux loss's token counts "
+                            "are summed across that group; needs 1)"): router.tp_cp_group.size() != 1,
+            })
+        if problems := [(stage, name) for (stage, name), bad in unsupported.items() if bad]:
+            raise ValueError("; ".join(f"MoEConfig.{stage}='fused' does not support {name}; use MoEConfig.{stage}='megatron'"
+                                       for stage, name in problems))
         router.__class__ = cls
+        router.fused_gating, router.fused_routing = gating == "fused", routing == "fused"
         return router
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
+        if not self.fused_gating:
+            return super().gating(input)
         if self.weight.device.type == "cpu":  # as TopKRouter.gating: a CPU-initialised router moves on first use
             self.weight.data = self.weight.data.to(device=torch.cuda.current_device())
         return router_gating(input, self.weight)
+
+    def routing(self, logits: torch.Tensor, padding_mask: torch.Tensor | None = None):
+        if not self.fused_routing:
+            return super().routing(logits, padding_mask=padding_mask)
+        if padding_mask is not None:
+            raise ValueError("MoEConfig.routing='fused' does not take a padding mask; use MoEConfig.routing='megatron'")
+        seq_length, batch = logits.shape[:2]
+        coeff = 0.0
+        if self.training and torch.is_grad_enabled():
+            coeff = self.get_aux_loss_coeff("seq_aux_loss")
+        probs, routing_map, aux_loss, tokens_per_expert = sigmoid_topk_routing(
+            logits.reshape(-1, self.config.num_moe_experts), self.topk, expert_bias=self.expert_bias,
+            scaling_factor=self.config.moe_router_topk_scaling_factor, seq_aux_coeff=coeff, seq_aux_batch=batch)
+        if aux_loss is not None:
+            # As TopKRouter._apply_seq_aux_loss: the loss is per sequence, so the token count is seq_length x batch.
+            probs = self.attach_and_log_load_balancing_loss(probs, coeff, aux_loss, "seq_load_balancing_loss", self.tp_cp_group,
+                                                            valid_token_count=seq_length * batch)
+        if self.enable_expert_bias and torch.is_grad_enabled():
+            with torch.no_grad():
+                self.local_tokens_per_expert += tokens_per_expert
+        return probs, routing_map
 
 
 class FusedPermuteDispatcher(MoETokenDispatcher):
@@ -118,11 +179,14 @@ class DispatchMoELayer(MoELayer):
     (Megatron's own, from the config's moe_token_dispatcher_type, with "megatron")."""
 
     def __init__(self, config, submodules=None, layer_number=None, pg_collection=None, is_mtp_layer: bool = False,
-                 name: str | None = None, dispatch: MoEDispatch = "megatron", router_gating: RouterGating = "megatron") -> None:
+                 name: str | None = None, dispatch: MoEDispatch = "megatron", router_gating: RouterGating = "megatron",
+                 routing: MoERouting = "megatron") -> None:
         if dispatch not in MOE_DISPATCH_PATHS:
             raise ValueError(f"dispatch must be one of {MOE_DISPATCH_PATHS}, got {dispatch!r}")
         if router_gating not in ROUTER_GATING_PATHS:
             raise ValueError(f"router_gating must be one of {ROUTER_GATING_PATHS}, got {router_gating!r}")
+        if routing not in MOE_ROUTING_PATHS:
+            raise ValueError(f"routing must be one of {MOE_ROUTING_PATHS}, got {routing!r}")
         if pg_collection is None:
             from megatron.core.transformer.moe.moe_layer import get_default_pg_collection
 
@@ -137,8 +201,8 @@ class DispatchMoELayer(MoELayer):
                                  "MoEConfig.dispatch='megatron'")
             self.token_dispatcher = FusedPermuteDispatcher(self.num_local_experts, self.local_expert_indices, self.config,
                                                            pg_collection=pg_collection)
-        if router_gating == "fused":
-            FusedGatingRouter.adopt(self.router)
+        if "fused" in (router_gating, routing):
+            FusedRouter.adopt(self.router, gating=router_gating, routing=routing)
 
     def shared_experts_compute(self, hidden_states: torch.Tensor):
         """Megatron's shared expert; on the fused-permute path its output goes to the combine, which sums it into the

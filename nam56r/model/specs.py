@@ -174,7 +174,8 @@ def moe_layer_spec(config: ModelConfig, backend: Backend, experts: MoEExperts = 
         backend=modules.provider, num_experts=config.moe.num_experts, moe_grouped_gemm=modules.grouped_gemm and experts == "grouped"
     )
     # Megatron's builder: partial(MoELayer, submodules=...); ours is that MoELayer with MoEConfig.dispatch's dispatcher.
-    moe = partial(DispatchMoELayer, *moe.args, **moe.keywords, dispatch=config.moe.dispatch, router_gating=config.moe.router_gating)
+    moe = partial(DispatchMoELayer, *moe.args, **moe.keywords, dispatch=config.moe.dispatch,
+                  router_gating=config.moe.router_gating, routing=config.moe.routing)
     return ModuleSpec(
         module=MoETransformerLayer,
         submodules=TransformerLayerSubmodules(pre_mlp_layernorm=modules.norm, mlp=moe, mlp_bda=get_bias_dropout_add),

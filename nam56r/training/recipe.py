@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar, Literal, get_args
 
-from nam56r.model.config import DSAIndexerPath, ExpertActivation, ModelConfig, MoEDispatch, Precision, RouterGating
+from nam56r.model.config import DSAIndexerPath, ExpertActivation, ModelConfig, MoEDispatch, MoERouting, Precision, RouterGating
 from nam56r.model.presets import PRESETS, get_preset
 from nam56r.training.phases import DsaPhases
 from nam56r.training.recall_probe import RecallSchedule
@@ -120,8 +120,11 @@ class Recipe:
     # None: "fused" on the local backend; the te backend's grouped experts run TE's own activation ("eager" here).
     expert_activation: ExpertActivation | None = None
     # MoEConfig.router_gating: "fused" (the router's fp32 logits from its bf16 operands, nam56r_kernels.router_gating)
-    # or "megatron" (Megatron's local router GEMM, its operands copied to fp32).
-    router_gating: RouterGating = "megatron"
+    # is faster over a whole MoE layer than "megatron" (Megatron's local router GEMM, its operands copied to fp32).
+    router_gating: RouterGating = "fused"
+    # MoEConfig.routing: "fused" (scores, top-k, seq aux loss and expert load in Triton, nam56r_kernels.moe_routing) is
+    # faster over a whole MoE layer than "megatron" (TopKRouter.routing's torch ops).
+    moe_routing: MoERouting = "fused"
     # DSA: dense indexer warm-up for the first N steps, then sparse (nam56r.model.dsa_warmup)
     dsa_phases: DsaPhases = field(default_factory=DsaPhases)
     # DSA: log one layer's indexer recall against dense attention every N steps (nam56r.training.recall_probe); 0: off
@@ -180,7 +183,8 @@ class Recipe:
             precision=self.precision,
             index_cache=replace(base.index_cache, enabled=self.index_cache),
             dsa=replace(base.dsa, indexer=self.dsa_indexer),
-            moe=replace(base.moe, dispatch=self.moe_dispatch, expert_activation=activation, router_gating=self.router_gating),
+            moe=replace(base.moe, dispatch=self.moe_dispatch, expert_activation=activation, router_gating=self.router_gating,
+                        routing=self.moe_routing),
             mamba=replace(base.mamba, recompute=self.recompute.mamba),
         ).validate()
 

@@ -97,6 +97,7 @@ def recipe_from(args: argparse.Namespace, kernels: bool = True) -> Recipe:
         moe_dispatch=args.moe_dispatch,
         expert_activation=args.expert_activation,
         router_gating=args.router_gating,
+        moe_routing=args.moe_routing,
         dsa_phases=phases,
         indexer_recall=recall,
         recompute=args.recompute,
@@ -274,7 +275,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         f"reshardable-ckpt {'on' if recipe.reshardable_checkpoints else 'off'}"
     )
     print(f"paths: linear-ce {recipe.linear_ce}, dsa-indexer {recipe.dsa_indexer}, index-cache {'on' if recipe.index_cache else 'off'}, "
-          f"moe-dispatch {recipe.moe_dispatch}, expert-activation {model.moe.expert_activation}, router-gating {recipe.router_gating}")
+          f"moe-dispatch {recipe.moe_dispatch}, expert-activation {model.moe.expert_activation}, router-gating {recipe.router_gating}, "
+          f"moe-routing {recipe.moe_routing}")
     print(f"DSA phases: {recipe.dsa_phases.describe()}")
     print(f"data: {data.note}")
     print(f"data checked: {checked}")

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import get_args
 
-from nam56r.model.config import DSA_INDEXER_PATHS, EXPERT_ACTIVATION_PATHS, MOE_DISPATCH_PATHS, ROUTER_GATING_PATHS
+from nam56r.model.config import DSA_INDEXER_PATHS, EXPERT_ACTIVATION_PATHS, MOE_DISPATCH_PATHS, MOE_ROUTING_PATHS, ROUTER_GATING_PATHS
 from nam56r.model.presets import PRESETS
 from nam56r.training.recipe import RECIPES, LinearCE, Recompute
 
@@ -66,8 +66,12 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                             "and the te backend's, whose grouped experts run TE's own activation)")
     shape.add_argument("--router-gating", choices=ROUTER_GATING_PATHS,
                        help="the MoE router's fp32 logits: from its bf16 input and weight with Triton kernels each way, no fp32 "
-                            "copies (fused; nam56r_kernels.router_gating), or Megatron's local GEMM on fp32 copies (megatron); "
-                            "both sum in fp32 (default: the recipe's)")
+                            "copies (fused, every recipe's default; nam56r_kernels.router_gating), or Megatron's local GEMM on "
+                            "fp32 copies (megatron); both sum in fp32")
+    shape.add_argument("--moe-routing", choices=MOE_ROUTING_PATHS,
+                       help="the MoE router's sigmoid scores, top-k, probs, seq aux loss and expert load: Triton kernels, two "
+                            "launches forward and one backward (fused, every recipe's default; nam56r_kernels.moe_routing), or "
+                            "Megatron's TopKRouter.routing in torch ops (megatron); the same selection, values to fp32 rounding")
     shape.add_argument("--overlap-dp-comm", choices=("on", "off"),
                        help="overlap the distributed optimizer's gradient reduce-scatter with the backward (Megatron's "
                             "--overlap-grad-reduce); needs data parallel > 1. Its parameter all-gather stays after the "

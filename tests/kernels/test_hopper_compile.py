@@ -10,7 +10,7 @@ HOPPER = ("cuda", 90, 32)
 
 
 def _kernels():
-    from nam56r_kernels import dsa_indexer, expert_activation, linear_cross_entropy, moe_permute, router_gating
+    from nam56r_kernels import dsa_indexer, expert_activation, linear_cross_entropy, moe_permute, moe_routing, router_gating
 
     scores = {"q_ptr": "*bf16", "k_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "sq": "i32", "sk": "i32",
               **{name: "i64" for name in ("stride_qs", "stride_qb", "stride_qh", "stride_ks", "stride_kb", "stride_ws",
@@ -19,9 +19,10 @@ def _kernels():
               "stride_row": "i64", "stride_out": "i64"}
     rows = {"src_ptr": "*bf16", "out_ptr": "*bf16", "rows_ptr": "*i32", "hidden": "i32"}
     sum_rows = {"src_ptr": "*bf16", "addend_ptr": "*bf16", "out_ptr": "*bf16", "rows_ptr": "*i32", "hidden": "i32"}
-    counts = {"selected_ptr": "*u8", "counts_ptr": "*i64", "tokens": "i32"}
-    table = {"selected_ptr": "*u8", "probs_ptr": "*fp32", "counts_ptr": "*i64", "rows_ptr": "*i32", "row_probs_ptr": "*fp32",
-             "covered_ptr": "*u8", "tokens": "i32", "num_rows": "i32"}
+    counts = {"selected_ptr": "*u8", "block_counts_ptr": "*i32", "tokens": "i32"}
+    table = {"selected_ptr": "*u8", "probs_ptr": "*fp32", "block_counts_ptr": "*i32", "counts_ptr": "*i64", "rows_ptr": "*i32",
+             "row_probs_ptr": "*fp32", "covered_ptr": "*u8", "tokens": "i32", "num_rows": "i32", "num_blocks": "i32"}
+    table_blocks = {"EXPERTS": 16, "BLOCK_T": moe_permute._TABLE_BLOCK_T, "BLOCK_E": 16}
     gating = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "tokens": "i32", "hidden": "i32", "experts": "i32"}
     gating_dgrad = {"g_ptr": "*fp32", "w_ptr": "*bf16", "gx_ptr": "*bf16", "tokens": "i32", "hidden": "i32", "experts": "i32"}
     gating_wgrad = {"g_ptr": "*fp32", "x_ptr": "*bf16", "partial_ptr": "*fp32", "tokens": "i32", "hidden": "i32",
@@ -32,10 +33,19 @@ def _kernels():
     activation = {"h_ptr": "*bf16", "scale_ptr": "*fp32", "out_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32"}
     activation_bwd = {"grad_ptr": "*bf16", "h_ptr": "*bf16", "scale_ptr": "*fp32", "grad_h_ptr": "*bf16",
                       "grad_scale_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32"}
+    routing = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "probs_ptr": "*fp32", "map_ptr": "*u8", "counts_ptr": "*i32",
+               "q_sums_ptr": "*fp32", "seq_len": "i32", "batch": "i32", "scaling": "fp32"}
+    routing_reduce = {"counts_ptr": "*i32", "q_sums_ptr": "*fp32", "tokens_per_expert_ptr": "*i64", "aux_loss_ptr": "*fp32",
+                      "aux_counts_ptr": "*fp32", "blocks": "i32", "batch": "i32", "aux_scale": "fp32"}
+    routing_bwd = {"logits_ptr": "*fp32", "map_ptr": "*u8", "aux_counts_ptr": "*fp32", "grad_probs_ptr": "*fp32",
+                   "grad_aux_ptr": "*fp32", "grad_logits_ptr": "*fp32", "seq_len": "i32", "batch": "i32", "scaling": "fp32",
+                   "aux_scale": "fp32"}
+    e_pad, block_s = moe_routing._blocks(4096, 16)  # NAM56R's S = 4096 positions of 16 experts
     blocks = {"PRODUCT_FP32": True, "BLOCK_ROWS": expert_activation._BLOCK_ROWS, "BLOCK_COLS": expert_activation._BLOCK_COLS}
     # (kernel, signature, compile-time values): NAM56R's indexer (32 heads x 64, relu, causal), its select over 4096
     # keys keeping the top-256 and, in the dense warm-up, all 4096; the MoE permute at hidden 4096 and 16 experts;
-    # the experts' activation on bf16 with fp32 probs; the router's gating over 16 experts (the GPU's bf16 path).
+    # the experts' activation on bf16 with fp32 probs; the router's gating over 16 experts (the GPU's bf16 path) and its
+    # top-4 routing with the expert bias and the seq aux loss.
     return {
         "index scores": (dsa_indexer._index_scores_kernel, scores,
                          {"HEADS": 32, "DIM": 64, "BLOCK_M": dsa_indexer._SCORE_BLOCK_M, "BLOCK_N": dsa_indexer._SCORE_BLOCK_N,
@@ -47,21 +57,29 @@ def _kernels():
         "moe copy to rows": (moe_permute._copy_to_rows_kernel, rows, {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H}),
         "moe sum rows": (moe_permute._sum_rows_kernel, sum_rows,
                          {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H, "HAS_ADDEND": True}),
-        "moe expert counts": (moe_permute._expert_counts_kernel, counts, {"EXPERTS": 16, "BLOCK_T": moe_permute._BLOCK_T}),
-        "moe routing rows": (moe_permute._routing_rows_kernel, table,
-                             {"EXPERTS": 16, "BLOCK_T": moe_permute._BLOCK_T, "BLOCK_E": 16}),
+        "moe block counts": (moe_permute._block_counts_kernel, counts, table_blocks),
+        "moe routing rows": (moe_permute._routing_rows_kernel, table, {**table_blocks, "CHUNK": moe_permute._TABLE_CHUNK}),
         "router gating forward": (router_gating._gating_fwd, gating, {**gating_blocks, "UPCAST": False}),
         "router gating input gradient": (router_gating._gating_dgrad, gating_dgrad, {**gating_blocks, "UPCAST": False}),
         "router gating weight gradient": (router_gating._gating_wgrad, gating_wgrad,
                                           {"ROWS": router_gating._WGRAD_ROWS, **gating_blocks, "UPCAST": False}),
+        "moe routing forward": (moe_routing._routing_fwd, routing,
+                                {"TOPK": 4, "EXPERTS": 16, "E_PAD": e_pad, "BLOCK_S": block_s, "HAS_BIAS": True, "HAS_SCALE": False,
+                                 "HAS_AUX": True}),
+        "moe routing reduce": (moe_routing._routing_reduce, routing_reduce,
+                               {"EXPERTS": 16, "E_PAD": e_pad, "B_PAD": 8, "HAS_AUX": True, "AUX_COUNTS": 1}),
+        "moe routing backward": (moe_routing._routing_bwd, routing_bwd,
+                                 {"EXPERTS": 16, "E_PAD": e_pad, "BLOCK_S": block_s, "NORMALIZE": True, "HAS_SCALE": False,
+                                  "HAS_GRAD_PROBS": True, "HAS_GRAD_AUX": True}),
         "expert activation forward": (expert_activation._scaled_gelu_fwd, activation, blocks),
         "expert activation backward": (expert_activation._scaled_gelu_bwd, activation_bwd, blocks),
     }
 
 
 @pytest.mark.parametrize("name", ["index scores", "top-256 select", "dense warm-up select", "cross-entropy rows",
-                                  "moe copy to rows", "moe sum rows", "moe expert counts", "moe routing rows",
+                                  "moe copy to rows", "moe sum rows", "moe block counts", "moe routing rows",
                                   "router gating forward", "router gating input gradient", "router gating weight gradient",
+                                  "moe routing forward", "moe routing reduce", "moe routing backward",
                                   "expert activation forward", "expert activation backward"])
 def test_the_kernel_compiles_for_hopper(name: str) -> None:
     import triton

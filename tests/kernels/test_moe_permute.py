@@ -105,8 +105,13 @@ TABLE_SCRIPT = textwrap.dedent(
     from nam56r_kernels.moe_permute import expert_rows, permute_probs, routing_table
     from tests.kernels.test_moe_permute import routing
 
-    # 2500 tokens span three scan blocks, the last partial; one expert gets no token.
-    for tokens, experts, topk, idle in ((2500, 16, 4, (9,)), (29, 8, 3, ()), (7, 6, 2, (0, 5))):
+    from nam56r_kernels import moe_permute
+
+    # 2500 tokens span ten table blocks, the last partial, read as one prefix chunk and (a chunk of 4 blocks) as three;
+    # one expert gets no token.
+    for tokens, experts, topk, idle, chunk in ((2500, 16, 4, (9,), 64), (2500, 16, 4, (9,), 4), (29, 8, 3, (), 64),
+                                              (7, 6, 2, (0, 5), 64)):
+        moe_permute._TABLE_CHUNK = chunk
         routing_map, probs = routing(tokens, experts, topk, seed=tokens, idle_experts=idle)
         want_rows, want_counts = expert_rows(routing_map)
         p_ref, p = probs.clone().requires_grad_(), probs.clone().requires_grad_()
@@ -131,7 +136,7 @@ TABLE_SCRIPT = textwrap.dedent(
 
 def test_the_routing_table_kernels_match_the_references_under_the_triton_interpreter(run_interpreted) -> None:
     stdout = run_interpreted(TABLE_SCRIPT, timeout=600)
-    assert stdout.count("routing table ok") == 3 and "routing table refuses a short map" in stdout, stdout
+    assert stdout.count("routing table ok") == 4 and "routing table refuses a short map" in stdout, stdout
 
 
 def test_the_kernels_match_the_references_under_the_triton_interpreter(run_interpreted) -> None:

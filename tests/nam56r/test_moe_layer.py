@@ -218,7 +218,7 @@ from dataclasses import replace
 import torch
 from megatron.core.transformer.moe.router import TopKRouter
 from nam56r.model.model import build_moe_layer
-from nam56r.model.moe_dispatch import FusedGatingRouter
+from nam56r.model.moe_dispatch import FusedRouter
 from nam56r.model.presets import get_preset
 from tests.nam56r.test_moe_layer import assert_same_step
 
@@ -229,7 +229,7 @@ assert type(megatron.mlp.router) is TopKRouter
 for dispatch in ("megatron", "fused-permute"):
     fused_config = replace(config, moe=replace(config.moe, dispatch=dispatch, router_gating="fused"))
     fused = build_moe_layer(fused_config, "local", experts="grouped", params_dtype=torch.bfloat16).bfloat16()
-    assert type(fused.mlp.router) is FusedGatingRouter
+    assert type(fused.mlp.router) is FusedRouter and fused.mlp.router.fused_gating and not fused.mlp.router.fused_routing
     fused.load_state_dict(megatron.state_dict(), strict=True)
     # The same fp32 logits up to summation order (so the same routing); the rest of the layer in bf16.
     assert_same_step(megatron, fused, config, dtype=torch.bfloat16, tol=2e-2)
@@ -249,7 +249,7 @@ def test_the_fused_router_gating_refuses_what_it_does_not_compute(megatron_built
     from dataclasses import replace
 
     from nam56r.model.model import build_moe_layer
-    from nam56r.model.moe_dispatch import FusedGatingRouter
+    from nam56r.model.moe_dispatch import FusedRouter
     from nam56r.model.presets import get_preset
 
     config = get_preset("nam56r-tiny")
@@ -258,4 +258,70 @@ def test_the_fused_router_gating_refuses_what_it_does_not_compute(megatron_built
     router = build_moe_layer(config, "local", experts="grouped").mlp.router
     router.config.moe_router_dtype = "fp64"
     with pytest.raises(ValueError, match=r"router_gating='fused' does not support moe_router_dtype='fp64' \(needs 'fp32'\)"):
-        FusedGatingRouter.adopt(router)
+        FusedRouter.adopt(router, gating="fused", routing="megatron")
+
+
+ROUTING_SCRIPT = """
+from dataclasses import replace
+import torch
+from nam56r.model.model import build_moe_layer
+from nam56r.model.moe_dispatch import FusedRouter
+from nam56r.model.presets import get_preset
+from tests.nam56r.test_moe_layer import assert_same_step
+
+config = get_preset("nam56r-tiny")
+torch.manual_seed(0)
+megatron = build_moe_layer(config, "local", experts="grouped")
+with torch.no_grad():  # a trained expert bias, so the biased selection differs from the aux loss's unbiased one
+    megatron.mlp.router.expert_bias.copy_(0.05 * torch.randn(config.moe.num_experts))
+for dispatch in ("megatron", "fused-permute"):
+    fused_config = replace(config, moe=replace(config.moe, dispatch=dispatch, routing="fused"))
+    fused = build_moe_layer(fused_config, "local", experts="grouped")
+    router = fused.mlp.router
+    assert type(router) is FusedRouter and router.fused_routing and not router.fused_gating
+    fused.load_state_dict(megatron.state_dict(), strict=True)
+    megatron.mlp.router.local_tokens_per_expert.zero_()
+    # fp32 throughout: the same selection, and values and gradients (the seq aux loss's included) to fp32 rounding.
+    assert_same_step(megatron, fused, config)
+    load = router.local_tokens_per_expert
+    assert torch.equal(load, megatron.mlp.router.local_tokens_per_expert) and load.sum() == 24 * 2 * config.moe.topk
+    print("fused routing ok", dispatch)
+"""
+
+
+def test_the_fused_routing_gives_megatrons_layer_output_gradients_and_expert_load(run_interpreted, megatron_built) -> None:
+    """`MoEConfig.routing="fused"` (its Triton kernels under the interpreter) in the real fp32 layer, on both dispatch
+    paths, against TopKRouter.routing with its seq aux loss and a nonzero expert bias: same output, input and parameter
+    gradients within fp32 rounding, and the same expert load counted for the bias update."""
+    stdout = run_interpreted(ROUTING_SCRIPT, timeout=600)
+    assert stdout.count("fused routing ok") == 2, stdout
+
+
+def test_the_fused_routing_refuses_what_it_does_not_compute(megatron_built) -> None:
+    from dataclasses import replace
+
+    from nam56r.model.model import build_moe_layer
+    from nam56r.model.moe_dispatch import FusedRouter
+    from nam56r.model.presets import get_preset
+
+    config = get_preset("nam56r-tiny")
+    with pytest.raises(ValueError, match="moe.routing 'te' must be one of 'megatron', 'fused'"):
+        replace(config, moe=replace(config.moe, routing="te")).validate()
+    settings = {
+        "moe_router_score_function": ("softmax", r"moe_router_score_function='softmax' \(needs 'sigmoid'\)"),
+        "moe_router_load_balancing_type": ("aux_loss", "moe_router_load_balancing_type='aux_loss'"),
+        "moe_z_loss_coeff": (1e-3, "moe_z_loss_coeff"),
+        "moe_router_group_topk": (2, "moe_router_num_groups/moe_router_group_topk"),
+        "moe_expert_capacity_factor": (1.0, r"moe_expert_capacity_factor \(token dropping\)"),
+    }
+    for field, (value, message) in settings.items():
+        router = build_moe_layer(config, "local", experts="grouped").mlp.router
+        setattr(router.config, field, value)
+        router.score_function, router.routing_type = router.config.moe_router_score_function, router.config.moe_router_load_balancing_type
+        with pytest.raises(ValueError, match=f"MoEConfig.routing='fused' does not support {message}; use MoEConfig.routing='megatron'"):
+            FusedRouter.adopt(router, gating="megatron", routing="fused")
+    router = FusedRouter.adopt(build_moe_layer(config, "local", experts="grouped").mlp.router, gating="megatron", routing="fused")
+    with pytest.raises(ValueError, match="does not take a padding mask"):
+        router.routing(torch.zeros(4, 2, config.moe.num_experts), padding_mask=torch.ones(4, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="need Megatron's TopKRouter, got Linear"):
+        FusedRouter.adopt(torch.nn.Linear(2, 2), gating="fused", routing="fused")
