@@ -158,14 +158,19 @@ class _RoutingTable(torch.autograd.Function):
         block_e = triton.next_power_of_2(experts)
         block_counts = torch.empty(max(num_blocks, 1), block_e, dtype=torch.int32, device=device)
         rows = torch.empty(tokens, experts, dtype=torch.int32, device=device)
-        counts = torch.zeros(experts, dtype=torch.int64, device=device)
-        row_probs = torch.zeros(num_rows, dtype=probs.dtype, device=probs.device)
-        covered = torch.full((1,), int(num_rows == 0), dtype=torch.uint8, device=device)
+        # Every entry is written when the map selects num_rows pairs (the device assertion checks it): no fills, each a
+        # launch while the GPU waits on the host.
+        counts = torch.empty(experts, dtype=torch.int64, device=device)
+        row_probs = torch.empty(num_rows, dtype=probs.dtype, device=probs.device)
+        covered = torch.empty(1, dtype=torch.uint8, device=device)
         if num_blocks:
             blocks = {"EXPERTS": experts, "BLOCK_T": _TABLE_BLOCK_T, "BLOCK_E": block_e}
             _block_counts_kernel[(num_blocks,)](selected, block_counts, tokens, **blocks)
             _routing_rows_kernel[(num_blocks,)](selected, probs.contiguous(), block_counts, counts, rows, row_probs, covered,
                                                 tokens, num_rows, num_blocks, **blocks, CHUNK=_TABLE_CHUNK)
+        else:
+            counts.zero_()
+            covered.fill_(num_rows == 0)
         torch._assert_async(covered.view(torch.bool), "the routing map does not select exactly top-k experts per token")
         ctx.save_for_backward(rows)
         ctx.mark_non_differentiable(rows, counts)

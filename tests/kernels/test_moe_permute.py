@@ -124,6 +124,8 @@ TABLE_SCRIPT = textwrap.dedent(
         row_probs.backward(grad)
         assert torch.equal(p.grad, p_ref.grad)
         print("routing table ok", tokens)
+    rows, counts, row_probs = routing_table(torch.zeros(0, 4, dtype=torch.bool), torch.zeros(0, 4), 0)  # no tokens
+    assert rows.shape == (0, 4) and torch.equal(counts, torch.zeros(4, dtype=torch.int64)) and row_probs.shape == (0,)
     routing_map, probs = routing(12, 4, 2, seed=9)
     try:
         routing_table(routing_map, probs, 12 * 3)  # the map selects 2 per token, not 3
