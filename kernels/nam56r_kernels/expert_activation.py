@@ -30,8 +30,10 @@ from nam56r_kernels.triton_support import require_cuda_or_interpreter
 
 __all__ = ["scaled_gelu", "scaled_gelu_reference"]
 
+# 8 rows x 128 columns a step: 128 divides the expert FFN of 896 (no masked lanes), and of the tiles swept on an H200 at
+# 131072 x 896 it is the fastest both ways (190 and 272 us against 221 and 312 us at 8 x 256), with bit-equal results.
 _BLOCK_ROWS = 8
-_BLOCK_COLS = 256
+_BLOCK_COLS = 128
 _INV_SQRT2 = tl.constexpr(0.7071067811865476)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
