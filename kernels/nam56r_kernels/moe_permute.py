@@ -55,8 +55,7 @@ _TABLE_CHUNK = 64  # blocks' counts read at a time for a block's prefix
 def expert_rows(routing_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int32 [T, E] row of each selected (token, expert) pair in expert order, -1 elsewhere; int64 [E] tokens per
     expert), without a host sync."""
-    if routing_map.dim() != 2 or routing_map.dtype != torch.bool:
-        raise ValueError(f"routing_map must be bool [T, E], got {routing_map.dtype} {tuple(routing_map.shape)}")
+    _check_routing_map(routing_map)
     by_expert = routing_map.t().contiguous()  # [E, T]: expert-major, tokens ascending
     rows = torch.cumsum(by_expert.view(-1), dim=0, dtype=torch.int32) - 1
     rows = rows.masked_fill_(~by_expert.view(-1), -1).view(by_expert.shape)
@@ -75,8 +74,7 @@ def routing_table(routing_map: torch.Tensor, probs: torch.Tensor, num_rows: int)
     """(rows int32 [T, E], tokens per expert int64 [E], probs of the selected pairs in row order [num_rows]): what
     `expert_rows` and `permute_probs` return, without a host sync; an asynchronous device assertion fails the next
     synchronizing call when the map does not select exactly num_rows pairs (dropless top-k routing)."""
-    if routing_map.dim() != 2 or routing_map.dtype != torch.bool:
-        raise ValueError(f"routing_map must be bool [T, E], got {routing_map.dtype} {tuple(routing_map.shape)}")
+    _check_routing_map(routing_map)
     if probs.shape != routing_map.shape or not probs.is_floating_point() or probs.device != routing_map.device:
         raise ValueError(f"probs must be floating and shaped as routing_map {tuple(routing_map.shape)} on its device, got "
                          f"{probs.dtype} {tuple(probs.shape)} on {probs.device}")
@@ -116,6 +114,11 @@ def unpermute_tokens_reference(permuted: torch.Tensor, rows: torch.Tensor, adden
     if addend is not None:
         out += addend.float()
     return out.index_add_(0, token_of_pair, permuted[rows[selected].long()].float()).to(permuted.dtype)
+
+
+def _check_routing_map(routing_map: torch.Tensor) -> None:
+    if routing_map.dim() != 2 or routing_map.dtype != torch.bool:
+        raise ValueError(f"routing_map must be bool [T, E], got {routing_map.dtype} {tuple(routing_map.shape)}")
 
 
 def _check(x: torch.Tensor, rows: torch.Tensor, tokens: int | None, name: str) -> None:
