@@ -112,10 +112,10 @@ class MoEConfig:
     # fp32 copies (nam56r_kernels.router_gating; TransformerEngine's arithmetic). Either way the logits are fp32 sums and
     # the gradients fp32 sums rounded to bf16.
     router_gating: RouterGating = "megatron"
-    # How it runs: "megatron", TopKRouter.routing without TransformerEngine (about 40 small torch ops forward, as many
-    # backward, each a host launch while the GPU waits); "fused", the sigmoid scores, top-k, probs, seq aux loss and
-    # expert load in two Triton launches forward and one backward (nam56r_kernels.moe_routing; the same selection and
-    # values to fp32 rounding). Only the sigmoid score function with the seq aux loss or none is fused.
+    # How it runs: "megatron", TopKRouter.routing without TransformerEngine (small torch ops, each a host launch while the
+    # GPU waits); "fused", the sigmoid scores, top-k, probs, seq aux loss and expert load in two Triton launches forward
+    # and one backward (nam56r_kernels.moe_routing; the same selection and values to fp32 rounding). Only the sigmoid
+    # score function with the seq aux loss or none is fused.
     routing: MoERouting = "megatron"
 
 

@@ -44,7 +44,7 @@ class FusedRouter(TopKRouter):
     - gating (`MoEConfig.router_gating="fused"`): `nam56r_kernels.router_gating`, fp32 logits from the bf16 input and
       weight, as TransformerEngine computes them, where Megatron's local path copies both to fp32 first;
     - routing (`MoEConfig.routing="fused"`): `nam56r_kernels.moe_routing`, the sigmoid scores, top-k probs and map, the
-      seq aux loss and the expert load in two Triton launches, where TopKRouter.routing runs about 40 torch ops. The
+      seq aux loss and the expert load in two Triton launches, where TopKRouter.routing runs dozens of small torch ops. The
       aux loss is attached and logged by TopKRouter's own `attach_and_log_load_balancing_loss`, and the expert load
       lands in `local_tokens_per_expert` as `_apply_expert_bias` adds it.
 
