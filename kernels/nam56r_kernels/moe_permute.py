@@ -18,6 +18,11 @@ Contract:
 - ``unpermute_tokens(permuted [N, H], rows, addend=None)`` -> [T, H]: token t is the sum of its rows (plus
   ``addend[t]``, [T, H] in permuted's dtype, e.g. the shared expert's output), accumulated in fp32 and returned in
   the input's dtype. Backward: each row's gradient is its token's, and so is the addend's.
+- ``fan_out(tokens [T, H], uses)`` -> (``uses`` aliases of tokens, a ``RowsGradient``): for a layer input that several
+  ops read besides the permute (Megatron's router and shared expert). ``permute_tokens(alias, rows, N,
+  rows_gradient=it)`` leaves its rows' gradient there, and the tokens' gradient is then the fp32 sum of each token's
+  rows and of every alias's gradient, rounded once: one pass, where autograd would sum the rows and then add each
+  other use's gradient in bf16, a pass over [T, H] each.
 - ``permute_probs(probs [T, E], rows, N)`` -> [N]: each selected pair's prob in the permuted order,
   differentiable (plain torch).
 - ``routing_table(routing_map, probs, N)`` -> ``expert_rows``' two tensors and ``permute_probs``' [N], from two Triton
@@ -31,6 +36,8 @@ Triton kernels on CUDA tensors, or under Triton's CPU interpreter (the CPU tests
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import triton
 import triton.language as tl
@@ -38,7 +45,9 @@ import triton.language as tl
 from nam56r_kernels.triton_support import require_cuda_or_interpreter
 
 __all__ = [
+    "RowsGradient",
     "expert_rows",
+    "fan_out",
     "routing_table",
     "permute_probs",
     "permute_tokens",
@@ -48,6 +57,7 @@ __all__ = [
 ]
 
 _BLOCK_H = 1024
+_MAX_ADDENDS = 3  # tensors summed into the tokens besides their rows, in one _sum_rows pass
 _TABLE_BLOCK_T = 256  # tokens per routing-table program
 _TABLE_CHUNK = 64  # blocks' counts read at a time for a block's prefix
 
@@ -82,10 +92,54 @@ def routing_table(routing_map: torch.Tensor, probs: torch.Tensor, num_rows: int)
     return _RoutingTable.apply(routing_map, probs, num_rows)
 
 
-def permute_tokens(tokens: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """[num_rows, H]: row rows[t, e] holds token t (the module docstring's contract)."""
+def permute_tokens(tokens: torch.Tensor, rows: torch.Tensor, num_rows: int,
+                   rows_gradient: RowsGradient | None = None) -> torch.Tensor:
+    """[num_rows, H]: row rows[t, e] holds token t (the module docstring's contract). With ``rows_gradient`` (from
+    ``fan_out``, whose alias ``tokens`` must be), the backward leaves the rows' gradient there for ``fan_out``'s
+    backward to sum, instead of summing it into the tokens' gradient itself."""
     _check(tokens, rows, tokens.shape[0], "tokens")
-    return _PermuteTokens.apply(tokens, rows, num_rows)
+    if rows_gradient is not None:
+        rows_gradient.attach(tokens)
+    return _PermuteTokens.apply(tokens, rows, num_rows, rows_gradient)
+
+
+class RowsGradient:
+    """Where ``permute_tokens(alias, rows, N, rows_gradient=self)`` leaves its rows' gradient [N, H] (and the rows) in
+    the backward, for the backward of the ``fan_out`` that made the alias. One permute per fan-out."""
+
+    def __init__(self) -> None:
+        self._aliases: list[weakref.ref] = []  # fan_out's aliases, one of which the permute must read
+        self.attached = False
+        self.grad: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None
+
+    def attach(self, tokens: torch.Tensor) -> None:
+        if self.attached:
+            raise ValueError("this RowsGradient already takes another permute_tokens' gradient; fan_out once per permute")
+        if not any(alias() is tokens for alias in self._aliases):
+            raise ValueError("permute_tokens' rows_gradient belongs to other tokens: pass one of the aliases fan_out returned "
+                             "with it (its backward sums the rows' gradient into those tokens' gradient)")
+        self.attached = True
+
+    def take(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        grad, rows, self.grad, self.rows = self.grad, self.rows, None, None
+        return grad, rows
+
+
+def fan_out(tokens: torch.Tensor, uses: int) -> tuple[tuple[torch.Tensor, ...], RowsGradient]:
+    """(``uses`` aliases of ``tokens`` [T, H], one per op that reads them, and the RowsGradient for the one that goes to
+    ``permute_tokens``): the backward sums the aliases' gradients and the permuted rows' gradient into the tokens' in
+    one fp32 pass, rounded once (the module docstring's contract). Up to three uses, the permute's among them."""
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be [T, H], got {tuple(tokens.shape)}")
+    if not 1 <= uses <= _MAX_ADDENDS:
+        raise ValueError(f"fan_out takes 1 to {_MAX_ADDENDS} uses, got {uses}")
+    require_cuda_or_interpreter(tokens, "nam56r_kernels.moe_permute.fan_out", "the tokens themselves for every use")
+    sink = RowsGradient()
+    aliases = _FanOut.apply(tokens, sink, uses)
+    aliases = aliases if isinstance(aliases, tuple) else (aliases,)
+    sink._aliases = [weakref.ref(alias) for alias in aliases]
+    return aliases, sink
 
 
 def unpermute_tokens(permuted: torch.Tensor, rows: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
@@ -140,14 +194,17 @@ def _copy_to_rows(src: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch
     return out
 
 
-def _sum_rows(src: torch.Tensor, rows: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+def _sum_rows(src: torch.Tensor, rows: torch.Tensor, addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+    """[T, H] in src's dtype: each token's rows of src [N, H] and its row of every addend [T, H], summed in fp32."""
+    if len(addends) > _MAX_ADDENDS:
+        raise ValueError(f"_sum_rows takes up to {_MAX_ADDENDS} addends, got {len(addends)}")
     src = src.contiguous()
     out = src.new_empty(rows.shape[0], src.shape[1])
     if out.numel():
         grid = (rows.shape[0], triton.cdiv(src.shape[1], _BLOCK_H))
-        addend = addend.contiguous() if addend is not None else out  # not read without HAS_ADDEND
-        _sum_rows_kernel[grid](src, addend, out, rows, src.shape[1], EXPERTS=rows.shape[1], BLOCK_H=_BLOCK_H,
-                               HAS_ADDEND=addend is not out)
+        padded = [addend.contiguous() for addend in addends] + [out] * (_MAX_ADDENDS - len(addends))  # unread past ADDENDS
+        _sum_rows_kernel[grid](src, *padded, out, rows, src.shape[1], EXPERTS=rows.shape[1], BLOCK_H=_BLOCK_H,
+                               ADDENDS=len(addends))
     return out
 
 
@@ -188,14 +245,40 @@ class _RoutingTable(torch.autograd.Function):
 
 class _PermuteTokens(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tokens, rows, num_rows):
+    def forward(ctx, tokens, rows, num_rows, rows_gradient):
         ctx.save_for_backward(rows)
+        ctx.rows_gradient = rows_gradient
         return _copy_to_rows(tokens, rows, num_rows)
 
     @staticmethod
     def backward(ctx, grad):
         (rows,) = ctx.saved_tensors
-        return _sum_rows(grad, rows), None, None
+        if ctx.rows_gradient is None:
+            return _sum_rows(grad, rows), None, None, None
+        # fan_out's backward runs after this one (autograd waits for every use of its aliases) and sums these rows.
+        ctx.rows_gradient.grad, ctx.rows_gradient.rows = grad, rows
+        return None, None, None, None
+
+
+class _FanOut(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tokens, rows_gradient, uses):
+        ctx.rows_gradient = rows_gradient
+        ctx.set_materialize_grads(False)
+        return tuple(tokens.view_as(tokens) for _ in range(uses))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grad_rows, rows = ctx.rows_gradient.take()
+        addends = tuple(grad for grad in grads if grad is not None)
+        if grad_rows is not None:
+            return _sum_rows(grad_rows, rows, addends), None, None
+        if not addends:
+            return None, None, None
+        total = addends[0].float()
+        for grad in addends[1:]:
+            total += grad
+        return total.to(addends[0].dtype), None, None
 
 
 class _UnpermuteTokens(torch.autograd.Function):
@@ -203,7 +286,7 @@ class _UnpermuteTokens(torch.autograd.Function):
     def forward(ctx, permuted, rows, addend):
         ctx.save_for_backward(rows)
         ctx.num_rows = permuted.shape[0]
-        return _sum_rows(permuted, rows, addend)
+        return _sum_rows(permuted, rows, () if addend is None else (addend,))
 
     @staticmethod
     def backward(ctx, grad):
@@ -224,19 +307,24 @@ def _copy_to_rows_kernel(src_ptr, out_ptr, rows_ptr, hidden, EXPERTS: tl.constex
 
 
 @triton.jit
-def _sum_rows_kernel(src_ptr, addend_ptr, out_ptr, rows_ptr, hidden, EXPERTS: tl.constexpr, BLOCK_H: tl.constexpr,
-                     HAS_ADDEND: tl.constexpr):
+def _sum_rows_kernel(src_ptr, addend0_ptr, addend1_ptr, addend2_ptr, out_ptr, rows_ptr, hidden, EXPERTS: tl.constexpr,
+                     BLOCK_H: tl.constexpr, ADDENDS: tl.constexpr):
     token = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     in_row = cols < hidden
+    at = token.to(tl.int64) * hidden + cols
     total = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if HAS_ADDEND:
-        total += tl.load(addend_ptr + token.to(tl.int64) * hidden + cols, mask=in_row, other=0.0).to(tl.float32)
+    if ADDENDS > 0:
+        total += tl.load(addend0_ptr + at, mask=in_row, other=0.0).to(tl.float32)
+    if ADDENDS > 1:
+        total += tl.load(addend1_ptr + at, mask=in_row, other=0.0).to(tl.float32)
+    if ADDENDS > 2:
+        total += tl.load(addend2_ptr + at, mask=in_row, other=0.0).to(tl.float32)
     for expert in range(EXPERTS):
         row = tl.load(rows_ptr + token * EXPERTS + expert)
         if row >= 0:
             total += tl.load(src_ptr + row.to(tl.int64) * hidden + cols, mask=in_row, other=0.0).to(tl.float32)
-    tl.store(out_ptr + token.to(tl.int64) * hidden + cols, total.to(out_ptr.dtype.element_ty), mask=in_row)
+    tl.store(out_ptr + at, total.to(out_ptr.dtype.element_ty), mask=in_row)
 
 
 @triton.jit

@@ -23,7 +23,7 @@ from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
-from nam56r_kernels.moe_permute import permute_tokens, routing_table, unpermute_tokens
+from nam56r_kernels.moe_permute import RowsGradient, fan_out, permute_tokens, routing_table, unpermute_tokens
 from nam56r_kernels.moe_routing import sigmoid_topk_routing
 from nam56r_kernels.router_gating import router_gating
 
@@ -122,7 +122,10 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
 
     dispatch_postprocess returns (tokens permuted by expert [T*topk, H], tokens per expert int64 [E] on the tokens'
     device, probs in the same order [T*topk]); combine_preprocess takes the experts' output in that order and
-    returns the tokens' [T, H]."""
+    returns the tokens' [T, H].
+
+    In training, `fan_out` gives the layer's router and shared expert aliases of its input and keeps a third for the
+    permute, so the backward sums the three uses' gradients into the input's in one pass (`moe_permute.fan_out`)."""
 
     def __init__(self, num_local_experts: int, local_expert_indices: list[int], config, pg_collection=None) -> None:
         super().__init__(config=config, pg_collection=pg_collection)
@@ -134,6 +137,8 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
             "moe_router_padding_for_quantization=True": config.moe_router_padding_for_quantization,
             "moe_shared_expert_overlap=True": config.moe_shared_expert_overlap,
             "moe_permute_fusion=True (TransformerEngine's fused permute)": config.moe_permute_fusion,
+            f"moe_latent_size={config.moe_latent_size} (the permute reads the layer input itself)": config.moe_latent_size is not None,
+            "overlap_dispatch_backward_with_experts_wgrad=True": config.overlap_dispatch_backward_with_experts_wgrad,
         }
         if problems := [name for name, bad in unsupported.items() if bad]:
             raise ValueError("MoEConfig.dispatch='fused-permute' does not support " + "; ".join(problems)
@@ -143,6 +148,30 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
         self.topk = config.moe_router_topk
         # The shared expert's output, summed into the tokens by the combine (DispatchMoELayer.shared_experts_compute).
         self.combine_addend: torch.Tensor | None = None
+        # The layer input fanned out by `fan_out`, its aliases by use, and where the permute leaves its rows' gradient.
+        self._fanned: tuple[torch.Tensor, dict[str, torch.Tensor], RowsGradient] | None = None
+
+    def fan_out(self, hidden_states: torch.Tensor) -> None:
+        """Start of a layer forward: with autograd recording, split `hidden_states` [..., H] into one alias per use
+        (router, shared expert, permute), which `use` hands out."""
+        self._fanned = None
+        if not (torch.is_grad_enabled() and hidden_states.requires_grad):
+            return
+        tokens = hidden_states.view(-1, hidden_states.shape[-1])
+        aliases, sink = fan_out(tokens, 3)
+        self._fanned = (hidden_states, dict(zip(("router", "shared", "permute"), aliases, strict=True)), sink)
+
+    def use(self, hidden_states: torch.Tensor, use: str) -> torch.Tensor:
+        """`hidden_states` as `use` reads it: fan_out's alias in its shape ("permute": [T, H]), or itself when this forward
+        does not record gradients."""
+        if self._fanned is None:
+            return hidden_states if use != "permute" else hidden_states.view(-1, hidden_states.shape[-1])
+        source, aliases, _ = self._fanned
+        if hidden_states is not source:
+            raise RuntimeError(f"FusedPermuteDispatcher: the MoE layer's {use} reads another tensor than the layer input fanned "
+                               "out at the start of this forward; MoEConfig.dispatch='fused-permute' expects Megatron's "
+                               "MoELayer order (shared expert, router, dispatch on the same input)")
+        return aliases[use] if use == "permute" else aliases[use].view(source.shape)
 
     def dispatch_preprocess(self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
         self.hidden_shape = hidden_states.shape
@@ -150,7 +179,7 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
             raise ValueError(f"routing_map must be bool and shaped as probs {tuple(probs.shape)}, got {routing_map.dtype} "
                              f"{tuple(routing_map.shape)}")
         self.routing_map = routing_map
-        return hidden_states.view(-1, self.hidden_shape[-1]), probs
+        return self.use(hidden_states, "permute"), probs
 
     def token_dispatch(self, hidden_states: torch.Tensor, probs: torch.Tensor):
         return hidden_states, probs
@@ -160,7 +189,8 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
         # Dropless routing selects exactly top-k experts per token, so the rows cover [0, num_rows) once; routing_table
         # checks that on the device, without a host sync.
         self.rows, tokens_per_expert, permuted_probs = routing_table(self.routing_map, probs, num_rows)
-        return permute_tokens(hidden_states, self.rows, num_rows), tokens_per_expert, permuted_probs
+        sink = self._fanned[2] if self._fanned is not None else None
+        return permute_tokens(hidden_states, self.rows, num_rows, rows_gradient=sink), tokens_per_expert, permuted_probs
 
     def combine_preprocess(self, hidden_states: torch.Tensor) -> torch.Tensor:
         addend, self.combine_addend = self.combine_addend, None
@@ -170,7 +200,7 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
         return hidden_states
 
     def combine_postprocess(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        self.rows = self.routing_map = None
+        self.rows = self.routing_map = self._fanned = None
         return hidden_states.view(self.hidden_shape)
 
 
@@ -205,10 +235,19 @@ class DispatchMoELayer(MoELayer):
             FusedRouter.adopt(self.router, gating=router_gating, routing=routing)
 
     def shared_experts_compute(self, hidden_states: torch.Tensor):
-        """Megatron's shared expert; on the fused-permute path its output goes to the combine, which sums it into the
-        tokens with their routed rows (one pass, one rounding), instead of a separate add."""
-        shared_output = super().shared_experts_compute(hidden_states)
-        if shared_output is None or self.dispatch_path != "fused-permute":
+        """Megatron's shared expert, the first reader of the layer input in MoELayer.forward; on the fused-permute path
+        the input is fanned out here (`FusedPermuteDispatcher.fan_out`), and the shared output goes to the combine, which
+        sums it into the tokens with their routed rows (one pass, one rounding), instead of a separate add."""
+        if self.dispatch_path != "fused-permute":
+            return super().shared_experts_compute(hidden_states)
+        self.token_dispatcher.fan_out(hidden_states)
+        shared_output = super().shared_experts_compute(self.token_dispatcher.use(hidden_states, "shared"))
+        if shared_output is None:
             return shared_output
         self.token_dispatcher.combine_addend = shared_output
         return None
+
+    def route(self, hidden_states: torch.Tensor, padding_mask: torch.Tensor | None = None):
+        if self.dispatch_path == "fused-permute":
+            hidden_states = self.token_dispatcher.use(hidden_states, "router")
+        return super().route(hidden_states, padding_mask)

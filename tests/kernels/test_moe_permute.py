@@ -99,6 +99,76 @@ KERNEL_SCRIPT = textwrap.dedent(
 )
 
 
+FAN_OUT_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from nam56r_kernels import moe_permute
+    from nam56r_kernels.moe_permute import expert_rows, fan_out, permute_tokens, permute_tokens_reference
+    from tests.kernels.test_moe_permute import routing
+
+    routing_map, _ = routing(29, 8, 3, seed=5, idle_experts=(2,))
+    rows, _ = expert_rows(routing_map)
+    num_rows, hidden = 29 * 3, 1100
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randn(29, hidden, generator=g)
+    grad_rows = torch.randn(num_rows, hidden, generator=g)
+    grad_a, grad_b = torch.randn(2, 29, hidden, generator=g)
+    passes = []
+    sum_rows = moe_permute._sum_rows
+    moe_permute._sum_rows = lambda src, rows, addends=(): passes.append(len(addends)) or sum_rows(src, rows, addends)
+
+    def loss(x, fanned: bool, rows_used: bool = True):
+        if fanned:
+            (a, b, c), sink = fan_out(x, 3)
+            permuted = permute_tokens(c, rows, num_rows, rows_gradient=sink)
+        else:
+            a = b = x
+            permuted = permute_tokens_reference(x, rows, num_rows)
+        total = (a.float() * grad_a).sum() + (b.float() * 2 * grad_b).sum()
+        return total + (permuted.float() * grad_rows).sum() if rows_used else total
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows_used in (True, False):
+            x, y = tokens.to(dtype).clone().requires_grad_(), tokens.to(dtype).clone().requires_grad_()
+            passes.clear()
+            loss(x, True, rows_used).backward()
+            loss(y, False, rows_used).backward()
+            # With the rows in the loss, the rows and both aliases' gradients are one pass; without, no rows pass at all.
+            assert passes == ([2] if rows_used else []), passes
+            assert x.grad.dtype == dtype
+            # Ours is the exact sum of the gradients each use hands back (in the tokens' dtype), rounded once; the
+            # reference's index_add and autograd's adds round at each step.
+            selected = rows >= 0
+            terms = [grad_a.to(dtype).double(), (2 * grad_b).to(dtype).double()]
+            exact, magnitude = terms[0] + terms[1], terms[0].abs() + terms[1].abs()
+            if rows_used:
+                row_grads = grad_rows.to(dtype).double()[rows[selected].long()]
+                exact.index_add_(0, selected.nonzero()[:, 0], row_grads)
+                magnitude.index_add_(0, selected.nonzero()[:, 0], row_grads.abs())
+            # One rounding to the tokens' dtype over fp32 accumulation error: a whole unit in the last place, as Triton's
+            # interpreter converts fp32 to bf16 by truncation (the GPU rounds to nearest, half a unit).
+            bound = exact.abs() * torch.finfo(dtype).eps + magnitude * 2.0 ** -22
+            assert bool(((x.grad.double() - exact).abs() <= bound).all()), ((x.grad.double() - exact).abs() / bound).max()
+            tol = dict(rtol=1e-6, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=8e-2)
+            torch.testing.assert_close(x.grad.float(), y.grad.float(), **tol)
+        print("fan out ok", dtype)
+
+    # No gradient recorded: plain aliases, nothing left in the sink.
+    with torch.no_grad():
+        (a, b, c), sink = fan_out(tokens, 3)
+        permute_tokens(c, rows, num_rows, rows_gradient=sink)
+    assert sink.grad is None and not a.requires_grad
+    # The sink is emptied by the backward that reads it.
+    x = tokens.clone().requires_grad_()
+    (a, b, c), sink = fan_out(x, 3)
+    (permute_tokens(c, rows, num_rows, rows_gradient=sink).sum() + a.sum()).backward()
+    assert sink.grad is None and sink.rows is None
+    torch.testing.assert_close(x.grad, torch.full_like(tokens, 4.0))  # 3 rows per token and one alias
+    print("fan out edges ok")
+    """
+)
+
+
 TABLE_SCRIPT = textwrap.dedent(
     """
     import torch
@@ -146,8 +216,13 @@ def test_the_kernels_match_the_references_under_the_triton_interpreter(run_inter
     assert stdout.count("moe permute ok") == 2, stdout
 
 
+def test_fan_out_sums_every_uses_gradient_in_one_pass_under_the_triton_interpreter(run_interpreted) -> None:
+    stdout = run_interpreted(FAN_OUT_SCRIPT, timeout=600)
+    assert stdout.count("fan out ok") == 2 and "fan out edges ok" in stdout, stdout
+
+
 def test_bad_inputs_raise_naming_the_problem(monkeypatch) -> None:
-    from nam56r_kernels.moe_permute import permute_tokens, routing_table, unpermute_tokens
+    from nam56r_kernels.moe_permute import fan_out, permute_tokens, routing_table, unpermute_tokens
 
     routing_map, probs = routing(6, 4, 2, seed=7)
     rows, _ = expert_rows(routing_map)
@@ -163,7 +238,21 @@ def test_bad_inputs_raise_naming_the_problem(monkeypatch) -> None:
         permute_probs(probs[:, :3], rows, 12)
     with pytest.raises(ValueError, match=r"probs must be floating and shaped as routing_map \(6, 4\)"):
         routing_table(routing_map, probs[:, :3], 12)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match=r"fan_out takes 1 to 3 uses, got 4"):
+        fan_out(torch.randn(6, 8), 4)
+    with pytest.raises(ValueError, match=r"tokens must be \[T, H\]"):
+        fan_out(torch.randn(6, 2, 8), 2)
+    tokens = torch.randn(6, 8, requires_grad=True)
+    (alias,), sink = fan_out(tokens, 1)
+    with pytest.raises(ValueError, match="rows_gradient belongs to other tokens: pass one of the aliases fan_out returned"):
+        permute_tokens(tokens, rows, 12, rows_gradient=sink)
+    sink.attach(alias)  # what a permute of the alias does before its kernel runs
+    with pytest.raises(ValueError, match="already takes another permute_tokens' gradient; fan_out once per permute"):
+        permute_tokens(alias, rows, 12, rows_gradient=sink)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="needs CUDA tensors, got device cpu; use the tokens themselves for every use"):
+        fan_out(torch.randn(6, 8), 2)
     with pytest.raises(RuntimeError, match="needs CUDA tensors, got device cpu; use permute_tokens_reference"):
         permute_tokens(torch.randn(6, 8), rows, 12)
     with pytest.raises(RuntimeError, match="needs CUDA tensors, got device cpu; use expert_rows and permute_probs"):
@@ -175,7 +264,7 @@ def test_bad_inputs_raise_naming_the_problem(monkeypatch) -> None:
 def test_the_kernels_match_the_references_on_gpu_at_nam56rs_moe_shape() -> None:
     """32768 tokens of hidden 4096, top-4 of 16 experts, bf16: the routing table and copies exact, sums within one bf16
     rounding."""
-    from nam56r_kernels.moe_permute import permute_tokens, routing_table, unpermute_tokens
+    from nam56r_kernels.moe_permute import fan_out, permute_tokens, routing_table, unpermute_tokens
 
     routing_map, probs = routing(32768, 16, 4, seed=8)
     rows, counts = expert_rows(routing_map.cuda())
@@ -188,4 +277,15 @@ def test_the_kernels_match_the_references_on_gpu_at_nam56rs_moe_shape() -> None:
     restored = unpermute_tokens(permuted, rows)
     # fp32 sums of the same 4 rows, the reference's in the order its atomics land: equal up to one bf16 rounding
     torch.testing.assert_close(restored.float(), unpermute_tokens_reference(permuted, rows).float(), rtol=2**-8, atol=1e-6)
+    # The fanned-out backward: the rows' and two other uses' gradients, one fp32 sum rounded to nearest once.
+    grad_rows = torch.randn(32768 * 4, 4096, device="cuda").bfloat16()
+    grad_a, grad_b = torch.randn(2, 32768, 4096, device="cuda").bfloat16()
+    x = tokens.clone().requires_grad_()
+    (a, b, c), sink = fan_out(x, 3)
+    torch.autograd.backward([permute_tokens(c, rows, 32768 * 4, rows_gradient=sink), a, b], [grad_rows, grad_a, grad_b])
+    selected = rows >= 0
+    row_grads = grad_rows.double()[rows[selected].long()]
+    exact = (grad_a.double() + grad_b.double()).index_add_(0, selected.nonzero()[:, 0], row_grads)
+    magnitude = (grad_a.double().abs() + grad_b.double().abs()).index_add_(0, selected.nonzero()[:, 0], row_grads.abs())
+    assert bool(((x.grad.double() - exact).abs() <= exact.abs() * 2**-8 + magnitude * 2**-22).all())
     print("MOE_PERMUTE_GPU_OK")

@@ -111,6 +111,7 @@ def test_the_bench_step_runs_both_layers_to_the_same_result(layers) -> None:
 FUSED_DISPATCH_SCRIPT = """
 from dataclasses import replace
 import torch
+from nam56r_kernels import moe_permute
 from nam56r.model.model import build_moe_layer
 from nam56r.model.moe_dispatch import FusedPermuteDispatcher
 from nam56r.model.presets import get_preset
@@ -121,6 +122,9 @@ fused_config = replace(config, moe=replace(config.moe, dispatch="fused-permute")
 torch.manual_seed(0)
 megatron = build_moe_layer(config, "local", experts="sequential")
 results = {}
+passes = []  # the addends of each row-sum pass
+sum_rows = moe_permute._sum_rows
+moe_permute._sum_rows = lambda src, rows, addends=(): passes.append(len(addends)) or sum_rows(src, rows, addends)
 for experts in ("grouped", "sequential"):
     fused = build_moe_layer(fused_config, "local", experts=experts)
     assert type(fused.mlp.token_dispatcher) is FusedPermuteDispatcher and fused.mlp.dispatch_path == "fused-permute"
@@ -128,7 +132,12 @@ for experts in ("grouped", "sequential"):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(*TOKENS, config.hidden_size, generator=g)
     grad_out = torch.randn(*TOKENS, config.hidden_size, generator=g)
-    want, got = step(megatron, x, grad_out), step(fused, x, grad_out)
+    want = step(megatron, x, grad_out)
+    passes.clear()
+    got = step(fused, x, grad_out)
+    # The combine sums the rows and the shared expert's output; the backward sums the rows' gradient with the router's
+    # and the shared expert's input gradients (the layer input fanned out): one pass each.
+    assert passes == [1, 2], passes
     for name, a, b in (("output", got[0], want[0]), ("input grad", got[1], want[1])):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
     assert got[2].keys() == want[2].keys()
@@ -136,6 +145,7 @@ for experts in ("grouped", "sequential"):
         torch.testing.assert_close(got[2][name], ref, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
     assert fused.mlp.token_dispatcher.rows is None  # the pass's table is not kept past the combine
     assert fused.mlp.token_dispatcher.combine_addend is None  # nor the shared expert's output it summed in
+    assert fused.mlp.token_dispatcher._fanned is None  # nor the fanned-out input
     print("fused dispatch ok", experts)
 """
 
