@@ -108,7 +108,12 @@ def require_gpu(suite: str) -> None:
 
 
 def cuda_time_ms(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 10, calls_per_sample: int = 1) -> float:
-    """Median milliseconds per call of `fn` over `iters` samples after `warmup` calls, timed with CUDA events. A
+    """Median milliseconds per call of `fn` over `iters` samples after `warmup` calls (`cuda_samples_ms`)."""
+    return statistics.median(cuda_samples_ms(fn, warmup=warmup, iters=iters, calls_per_sample=calls_per_sample))
+
+
+def cuda_samples_ms(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 10, calls_per_sample: int = 1) -> list[float]:
+    """Milliseconds per call of `fn` in each of `iters` samples after `warmup` calls, timed with CUDA events. A
     sample is `calls_per_sample` calls in a row with no synchronization between them (the host queues a call while
     the GPU still runs the previous one), divided by their number."""
     import torch
@@ -125,7 +130,7 @@ def cuda_time_ms(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 10, cal
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / calls_per_sample)
-    return statistics.median(times)
+    return times
 
 
 def cuda_peak_extra_bytes(fn: Callable[[], Any]) -> tuple[int, Any]:

@@ -18,7 +18,9 @@ Cases (each size by the ModelConfig field it is read from):
   (``"fused"``) or on Megatron's TileLang loss kernels (``"fused-tilelang-loss"``); the sparse MLA is Megatron's
   TileLang one on every path. ``dsa layers ... IndexCache``: the first IndexCache group (1 Full +
   index_cache.share_group - 1 Shared layers), one after another, on each path, against the same layers without
-  IndexCache on Megatron's path (`layer_cases.dsa_layer_plan`).
+  IndexCache on Megatron's path (`layer_cases.dsa_layer_plan`). These steps are mostly host time (the GPU is busy
+  for a third of one or less), so every variant is timed in interleaved rounds and each row is the median of all
+  its samples, with the 10th-90th percentile spread and the GPU's kernel time per step in its extra fields.
 - ``lm-head ce`` / ``mtp ce``: output layer + cross-entropy forward+backward at vocab_size: logits then
   fp32 cross-entropy (core_v0.19.0) vs Megatron patch 0007/0008's chunked fused linear CE (Liger) vs
   ``nam56r_kernels.linear_cross_entropy`` (one MTP depth).

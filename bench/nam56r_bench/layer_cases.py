@@ -4,11 +4,12 @@ training mode, each path against Megatron's on the same weights (the cases are d
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from nam56r_bench.case_measure import measure
-from nam56r_bench.harness import Context, Row
+from nam56r_bench.case_measure import measure, relative_error
+from nam56r_bench.harness import Context, Row, cuda_peak_extra_bytes, cuda_samples_ms
 from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, dsa_layer_config, moe_layer_batch
 
 DSA_LAYER_VARIANTS = {
@@ -53,6 +54,13 @@ def dsa_layer_plan(shapes: KernelShapes, sweep: KernelSweep) -> list[DsaLayerRun
     return runs
 
 
+# A DSA layer at one 4096-token sequence keeps the GPU busy for a third of its step or less: the step's time is mostly
+# the host's (Python and kernel launches), which drifts by several ms within a run. So the variants are timed in
+# interleaved rounds, each round a few samples of every variant, and a row is the median of all its samples, with the
+# 10th-90th percentile spread and the GPU's own kernel time per step beside it.
+DSA_ROUNDS, DSA_SAMPLES_PER_ROUND = 6, 4
+
+
 def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
     import torch
 
@@ -60,7 +68,7 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
     from nam56r.model.specs import resolve_backend
 
     backend = resolve_backend("auto")
-    rows, results, weights = [], {}, None
+    rows, results, weights, timed = [], {}, None, []
     for run in dsa_layer_plan(shapes, sweep):
         config = dsa_layer_config(shapes.preset, run.indexer, run.index_cache)
         built = build_dsa_layers(config, backend, device="cuda", params_dtype=torch.bfloat16)
@@ -71,13 +79,40 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
             as_trained(layer).load_state_dict(state)
             layer.train()
         begin_pass = built.topk_cache.begin_forward if built.topk_cache is not None else None
-        row, result = measure(run.case, run.variant, _layers_step(layers, sweep.dsa_layer_batch, shapes.seq_length, begin_pass), ctx,
-                              reference=results.get((run.case, run.error_against)))
-        rows.append(row)
+        del built  # the preset's other DSA layers
+        step = _layers_step(layers, sweep.dsa_layer_batch, shapes.seq_length, begin_pass)
+        print(f"[kernels] {run.case} · {run.variant}", flush=True)
+        try:
+            peak, result = cuda_peak_extra_bytes(step)
+        except torch.cuda.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            rows.append(Row(run.case, run.variant, extra={"error": f"out of memory: {str(exc).splitlines()[0]}"}))
+            continue
+        reference = results.get((run.case, run.error_against))
         results[(run.case, run.variant)] = result
-        del built, layers
-        torch.cuda.empty_cache()
+        row = Row(run.case, run.variant, peak_extra_bytes=peak, max_error=None if reference is None else relative_error(result, reference))
+        rows.append(row)
+        timed.append((row, step))
+    rounds = 2 if ctx.quick else DSA_ROUNDS
+    samples: dict[int, list[float]] = {id(row): [] for row, _ in timed}
+    for _ in range(rounds):
+        for row, step in timed:
+            samples[id(row)] += cuda_samples_ms(step, warmup=1, iters=DSA_SAMPLES_PER_ROUND)
+    for row, step in timed:
+        ms = sorted(samples[id(row)])
+        row.time_ms = statistics.median(ms)
+        row.extra.update(samples=len(ms), rounds=rounds, p10_ms=round(ms[len(ms) // 10], 3), p90_ms=round(ms[-1 - len(ms) // 10], 3),
+                         **_gpu_time(step))
     return rows
+
+
+def _gpu_time(step: Callable[[], tuple]) -> dict[str, float]:
+    """The GPU's kernel time in one `step` and its share of the step (PyTorch profiler, two steps)."""
+    from nam56r_bench.profile_trace import profile_step
+
+    breakdown = profile_step(step, steps=2, count=1)
+    return {"gpu_kernel_ms": round(breakdown["step_ms"] * breakdown["kernel_share"], 3),
+            "gpu_busy_share": round(breakdown["gpu_busy_share"], 3)}
 
 
 def as_trained(layer):
