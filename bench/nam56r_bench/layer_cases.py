@@ -98,12 +98,13 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
     for _ in range(rounds):
         for row, step in timed:
             samples[id(row)] += cuda_samples_ms(step, warmup=1, iters=DSA_SAMPLES_PER_ROUND)
+    measured = {}
     for row, step in timed:
         ms = sorted(samples[id(row)])
-        row.time_ms = statistics.median(ms)
-        row.extra.update(samples=len(ms), rounds=rounds, p10_ms=round(ms[len(ms) // 10], 3), p90_ms=round(ms[-1 - len(ms) // 10], 3),
-                         **_gpu_time(step))
-    return rows
+        measured[id(row)] = replace(row, time_ms=statistics.median(ms), extra={
+            "samples": len(ms), "rounds": rounds, "p10_ms": round(ms[len(ms) // 10], 3), "p90_ms": round(ms[-1 - len(ms) // 10], 3),
+            **_gpu_time(step)})
+    return [measured.get(id(row), row) for row in rows]
 
 
 def _gpu_time(step: Callable[[], tuple]) -> dict[str, float]:
