@@ -113,6 +113,10 @@ class RowsGradient:
         self.grad: torch.Tensor | None = None
         self.rows: torch.Tensor | None = None
 
+    def bind(self, aliases: tuple[torch.Tensor, ...]) -> None:
+        """The aliases `fan_out` made: the one permute this gradient belongs to must read one of them."""
+        self._aliases = [weakref.ref(alias) for alias in aliases]
+
     def attach(self, tokens: torch.Tensor) -> None:
         if self.attached:
             raise ValueError("this RowsGradient already takes another permute_tokens' gradient; fan_out once per permute")
@@ -138,7 +142,7 @@ def fan_out(tokens: torch.Tensor, uses: int) -> tuple[tuple[torch.Tensor, ...], 
     sink = RowsGradient()
     aliases = _FanOut.apply(tokens, sink, uses)
     aliases = aliases if isinstance(aliases, tuple) else (aliases,)
-    sink._aliases = [weakref.ref(alias) for alias in aliases]
+    sink.bind(aliases)
     return aliases, sink
 
 

@@ -7,7 +7,9 @@ counts to the host, and sums the expert outputs into the tokens with bf16 `scatt
 mirrors each step. `FusedPermuteDispatcher` keeps one table of each (token, expert) pair's row in expert order
 (`nam56r_kernels.moe_permute`) and copies or sums each token's rows in one pass, in fp32: the permuted tokens and
 probs are Megatron's, in Megatron's order. The combine sums each token's rows and the shared expert's output in one
-pass, so it differs from Megatron's (sum, round, add the shared output, round) only by rounding once. The token
+pass, so it differs from Megatron's (sum, round, add the shared output, round) only by rounding once; in the backward
+the layer input's gradient is likewise one pass over the permuted rows' gradient and the router's and shared expert's
+input gradients (`moe_permute.fan_out`), where autograd would sum the rows and add the other two in bf16. The token
 counts stay on the GPU, which the grouped experts (`nam56r.model.moe_experts.GroupedMLPExperts`) take.
 
 `DispatchMoELayer` is Megatron's MoELayer with this dispatcher when `MoEConfig.dispatch="fused-permute"`, and
@@ -153,7 +155,8 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
 
     def fan_out(self, hidden_states: torch.Tensor) -> None:
         """Start of a layer forward: with autograd recording, split `hidden_states` [..., H] into one alias per use
-        (router, shared expert, permute), which `use` hands out."""
+        (router, shared expert, permute), which `use` hands out; the permute's backward leaves its rows' gradient for the
+        fan-out's, which sums the three in one pass."""
         self._fanned = None
         if not (torch.is_grad_enabled() and hidden_states.requires_grad):
             return
@@ -161,17 +164,17 @@ class FusedPermuteDispatcher(MoETokenDispatcher):
         aliases, sink = fan_out(tokens, 3)
         self._fanned = (hidden_states, dict(zip(("router", "shared", "permute"), aliases, strict=True)), sink)
 
-    def use(self, hidden_states: torch.Tensor, use: str) -> torch.Tensor:
-        """`hidden_states` as `use` reads it: fan_out's alias in its shape ("permute": [T, H]), or itself when this forward
-        does not record gradients."""
+    def use(self, hidden_states: torch.Tensor, reader: str) -> torch.Tensor:
+        """`hidden_states` as `reader` ("router", "shared" or "permute") reads it: fan_out's alias in its shape ("permute":
+        [T, H]), or itself when this forward does not record gradients."""
         if self._fanned is None:
-            return hidden_states if use != "permute" else hidden_states.view(-1, hidden_states.shape[-1])
+            return hidden_states if reader != "permute" else hidden_states.view(-1, hidden_states.shape[-1])
         source, aliases, _ = self._fanned
         if hidden_states is not source:
-            raise RuntimeError(f"FusedPermuteDispatcher: the MoE layer's {use} reads another tensor than the layer input fanned "
-                               "out at the start of this forward; MoEConfig.dispatch='fused-permute' expects Megatron's "
+            raise RuntimeError(f"FusedPermuteDispatcher: the MoE layer's {reader} reads another tensor than the layer input "
+                               "fanned out at the start of this forward; MoEConfig.dispatch='fused-permute' expects Megatron's "
                                "MoELayer order (shared expert, router, dispatch on the same input)")
-        return aliases[use] if use == "permute" else aliases[use].view(source.shape)
+        return aliases[reader] if reader == "permute" else aliases[reader].view(source.shape)
 
     def dispatch_preprocess(self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
         self.hidden_shape = hidden_states.shape

@@ -161,8 +161,10 @@ def test_the_fused_permute_dispatcher_gives_megatrons_layer_output_and_gradients
 def test_the_fused_permute_dispatcher_refuses_what_it_does_not_cover(megatron_built) -> None:
     from dataclasses import replace
 
+    from megatron.core.transformer.moe.moe_layer import get_default_pg_collection
+
     from nam56r.model.model import build_moe_layer, cuda_buffers_on
-    from nam56r.model.moe_dispatch import DispatchMoELayer
+    from nam56r.model.moe_dispatch import DispatchMoELayer, FusedPermuteDispatcher
     from nam56r.model.presets import get_preset
     from nam56r.training.recipe import RecipeError, get_recipe
 
@@ -175,9 +177,36 @@ def test_the_fused_permute_dispatcher_refuses_what_it_does_not_cover(megatron_bu
     with cuda_buffers_on("cpu"), pytest.raises(ValueError, match=r"does not support moe_expert_capacity_factor=1.5 \(token dropping\); "
                                                                 r"moe_permute_fusion=True"):
         DispatchMoELayer(mcfg, layer.mlp.submodules, layer_number=layer.layer_number, dispatch="fused-permute")
+    mcfg.moe_permute_fusion, mcfg.moe_expert_capacity_factor = False, None
+    mcfg.moe_latent_size, mcfg.overlap_dispatch_backward_with_experts_wgrad = 8, True  # MoELayer itself needs TE for latent
+    with pytest.raises(ValueError, match=r"does not support moe_latent_size=8 \(the permute reads the layer input itself\); "
+                                         r"overlap_dispatch_backward_with_experts_wgrad=True"):
+        FusedPermuteDispatcher(layer.mlp.num_local_experts, layer.mlp.local_expert_indices, mcfg, pg_collection=get_default_pg_collection())
     with pytest.raises(RecipeError, match="moe_dispatch 'fused-permute' dispatches on one expert-parallel rank; ep=2"):
         get_recipe("h200x2-ep2", moe_dispatch="fused-permute", kernels=False)
     assert get_recipe("proxy-1gpu", moe_dispatch="fused-permute", kernels=False).model_config().moe.dispatch == "fused-permute"
+
+
+def test_the_fused_permute_dispatcher_hands_each_reader_its_alias_of_the_layer_input(megatron_built, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from nam56r.model.model import build_moe_layer
+    from nam56r.model.presets import get_preset
+
+    config = get_preset("nam56r-tiny")
+    dispatcher = build_moe_layer(replace(config, moe=replace(config.moe, dispatch="fused-permute")), "local").mlp.token_dispatcher
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # fan_out's forward launches no kernel; its backward would
+    x = torch.randn(*TOKENS, config.hidden_size, requires_grad=True)
+    dispatcher.fan_out(x)
+    readers = {reader: dispatcher.use(x, reader) for reader in ("router", "shared", "permute")}
+    assert readers["router"].shape == readers["shared"].shape == x.shape
+    assert readers["permute"].shape == (TOKENS[0] * TOKENS[1], config.hidden_size)
+    assert len({id(alias) for alias in readers.values()}) == 3 and all(alias is not x for alias in readers.values())
+    with pytest.raises(RuntimeError, match="router reads another tensor than the layer input fanned out"):
+        dispatcher.use(x.detach().clone(), "router")
+    with torch.no_grad():
+        dispatcher.fan_out(x)  # nothing recorded: every reader reads the input itself
+    assert dispatcher.use(x, "shared") is x and dispatcher.use(x, "permute").shape == readers["permute"].shape
 
 
 FUSED_ACTIVATION_SCRIPT = """
