@@ -18,7 +18,8 @@ def _kernels():
     select = {"scores_ptr": "*fp32", "out_scores_ptr": "*fp32", "out_indices_ptr": "*i32", "sk": "i32", "kept": "i32",
               "stride_row": "i64", "stride_out": "i64"}
     rows = {"src_ptr": "*bf16", "out_ptr": "*bf16", "rows_ptr": "*i32", "hidden": "i32"}
-    sum_rows = {"src_ptr": "*bf16", "addend_ptr": "*bf16", "out_ptr": "*bf16", "rows_ptr": "*i32", "hidden": "i32"}
+    sum_rows = {"src_ptr": "*bf16", **{f"addend{i}_ptr": "*bf16" for i in range(3)}, "out_ptr": "*bf16", "rows_ptr": "*i32",
+                "hidden": "i32"}
     counts = {"selected_ptr": "*u8", "block_counts_ptr": "*i32", "tokens": "i32"}
     table = {"selected_ptr": "*u8", "probs_ptr": "*fp32", "block_counts_ptr": "*i32", "counts_ptr": "*i64", "rows_ptr": "*i32",
              "row_probs_ptr": "*fp32", "covered_ptr": "*u8", "tokens": "i32", "num_rows": "i32", "num_blocks": "i32"}
@@ -55,8 +56,9 @@ def _kernels():
         "cross-entropy rows": (linear_cross_entropy._cross_entropy_rows_kernel, cross_entropy,
                                {"BLOCK": linear_cross_entropy._ROW_BLOCK}),
         "moe copy to rows": (moe_permute._copy_to_rows_kernel, rows, {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H}),
-        "moe sum rows": (moe_permute._sum_rows_kernel, sum_rows,
-                         {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H, "HAS_ADDEND": True}),
+        "moe sum rows": (moe_permute._sum_rows_kernel, sum_rows, {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H, "ADDENDS": 1}),
+        "moe sum rows, fanned-out gradient": (moe_permute._sum_rows_kernel, sum_rows,
+                                              {"EXPERTS": 16, "BLOCK_H": moe_permute._BLOCK_H, "ADDENDS": 2}),
         "moe block counts": (moe_permute._block_counts_kernel, counts, table_blocks),
         "moe routing rows": (moe_permute._routing_rows_kernel, table, {**table_blocks, "CHUNK": moe_permute._TABLE_CHUNK}),
         "router gating forward": (router_gating._gating_fwd, gating, {**gating_blocks, "UPCAST": False}),
