@@ -7,14 +7,17 @@ from collections.abc import Callable
 from nam56r_bench.harness import Context, Row, cuda_peak_extra_bytes, cuda_time_ms
 
 
-def measure(case: str, variant: str, fn: Callable[[], object], ctx: Context, reference=None, **extra) -> tuple[Row, object]:
+def measure(case: str, variant: str, fn: Callable[[], object], ctx: Context, reference=None, timed: bool = True,
+            **extra) -> tuple[Row, object]:
+    """(`fn`'s row: its median time unless `timed` is off, peak extra memory and error against `reference`; its result,
+    None when it ran out of memory)."""
     import torch
 
     print(f"[kernels] {case} · {variant}", flush=True)
     try:
         peak, result = cuda_peak_extra_bytes(fn)
         error = None if reference is None else relative_error(result, reference)
-        ms = cuda_time_ms(fn, warmup=1 if ctx.quick else 3, iters=3 if ctx.quick else 10)
+        ms = cuda_time_ms(fn, warmup=1 if ctx.quick else 3, iters=3 if ctx.quick else 10) if timed else None
     except torch.cuda.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         return Row(case, variant, extra={"error": f"out of memory: {str(exc).splitlines()[0]}", **extra}), None

@@ -8,8 +8,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from nam56r_bench.case_measure import measure, relative_error
-from nam56r_bench.harness import Context, Row, cuda_peak_extra_bytes, cuda_samples_ms
+from nam56r_bench.case_measure import measure
+from nam56r_bench.harness import Context, Row, cuda_samples_ms
 from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, dsa_layer_config, moe_layer_batch
 
 DSA_LAYER_VARIANTS = {
@@ -81,30 +81,22 @@ def dsa_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
         begin_pass = built.topk_cache.begin_forward if built.topk_cache is not None else None
         del built  # the preset's other DSA layers
         step = _layers_step(layers, sweep.dsa_layer_batch, shapes.seq_length, begin_pass)
-        print(f"[kernels] {run.case} · {run.variant}", flush=True)
-        try:
-            peak, result = cuda_peak_extra_bytes(step)
-        except torch.cuda.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            rows.append(Row(run.case, run.variant, extra={"error": f"out of memory: {str(exc).splitlines()[0]}"}))
-            continue
-        reference = results.get((run.case, run.error_against))
+        row, result = measure(run.case, run.variant, step, ctx, reference=results.get((run.case, run.error_against)), timed=False)
         results[(run.case, run.variant)] = result
-        row = Row(run.case, run.variant, peak_extra_bytes=peak, max_error=None if reference is None else relative_error(result, reference))
+        if result is not None:  # it ran out of memory otherwise
+            timed.append((len(rows), step))
         rows.append(row)
-        timed.append((row, step))
     rounds = 2 if ctx.quick else DSA_ROUNDS
-    samples: dict[int, list[float]] = {id(row): [] for row, _ in timed}
+    samples: dict[int, list[float]] = {index: [] for index, _ in timed}
     for _ in range(rounds):
-        for row, step in timed:
-            samples[id(row)] += cuda_samples_ms(step, warmup=1, iters=DSA_SAMPLES_PER_ROUND)
-    measured = {}
-    for row, step in timed:
-        ms = sorted(samples[id(row)])
-        measured[id(row)] = replace(row, time_ms=statistics.median(ms), extra={
+        for index, step in timed:
+            samples[index] += cuda_samples_ms(step, warmup=1, iters=DSA_SAMPLES_PER_ROUND)
+    for index, step in timed:
+        ms = sorted(samples[index])
+        rows[index] = replace(rows[index], time_ms=statistics.median(ms), extra={
             "samples": len(ms), "rounds": rounds, "p10_ms": round(ms[len(ms) // 10], 3), "p90_ms": round(ms[-1 - len(ms) // 10], 3),
             **_gpu_time(step)})
-    return [measured.get(id(row), row) for row in rows]
+    return rows
 
 
 def _gpu_time(step: Callable[[], tuple]) -> dict[str, float]:
