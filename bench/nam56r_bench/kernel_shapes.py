@@ -26,7 +26,8 @@ class KernelShapes:
 
     preset: str
     seq_length: int  # seq_length: every case's sequence (DSA's [seq, seq] scores, CE rows, the Mamba-3 region)
-    hidden_size: int  # hidden_size: LM-head input, MoE expert input/output
+    hidden_size: int  # hidden_size: LM-head input, MoE expert input/output, the layers' input norm
+    norm_epsilon: float  # norm_epsilon: the layers' input norm
     vocab_size: int  # vocab_size: LM-head/MTP output
     mtp_depths: int  # mtp.depths: the MTP heads, each one more LM head's cross-entropy
     indexer_heads: int  # dsa.indexer_heads
@@ -46,6 +47,7 @@ def kernel_shapes(preset: str = KERNEL_PRESET) -> KernelShapes:
         preset=config.name,
         seq_length=config.seq_length,
         hidden_size=config.hidden_size,
+        norm_epsilon=config.norm_epsilon,
         vocab_size=config.vocab_size,
         mtp_depths=config.mtp.depths,
         indexer_heads=config.dsa.indexer_heads,

@@ -43,6 +43,9 @@ Cases (each size by the ModelConfig field it is read from):
   ``moe layer kernels``: the one-GPU recipes' variant's forward+backward and the same with Megatron's routing
   (``MoEConfig.routing="megatron"``), kernel by kernel (PyTorch profiler; not with ``--quick``): the top 15 kernels
   with their share of the step, and the GPU-idle share.
+- ``layer input norm + residual``: a transformer layer's input RMSNorm (eps norm_epsilon) and its residual,
+  forward+backward on moe_tokens x hidden_size: torch's RMSNorm with autograd adding the residual's gradient vs
+  ``nam56r_kernels.residual_rms_norm`` (``ModelConfig.residual_norm="fused"``).
 - ``mamba3 adt``: the data-dependent-A region (mamba.num_heads(hidden_size) heads) at micro-batch 8, eager vs
   regional ``torch.compile``.
 """
@@ -274,6 +277,31 @@ def _expert_activation_rows(ctx: Context, rows: int, ffn: int) -> list[Row]:
     return [base, measure(case, "fused (scaled_gelu)", step(scaled_gelu), ctx, reference=ref)[0]]
 
 
+def residual_norm_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
+    """A transformer layer's input norm with its residual, forward+backward on moe_tokens x hidden_size bf16: torch's
+    RMSNorm with autograd adding the residual's gradient (Megatron's local norm) against
+    `nam56r_kernels.residual_rms_norm` (ModelConfig.residual_norm)."""
+    import torch
+    from nam56r_kernels.residual_rms_norm import rms_norm_residual, rms_norm_residual_reference
+
+    tokens, hidden = sweep.moe_tokens, shapes.hidden_size
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16().requires_grad_()
+    weight = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16().requires_grad_()
+    grad_normed, grad_residual = (torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16() for _ in range(2))
+
+    def step(fn):
+        def run():
+            normed, residual = fn(x, weight, shapes.norm_epsilon)
+            return (normed, *torch.autograd.grad((normed, residual), (x, weight), (grad_normed, grad_residual)))
+
+        return run
+
+    case = f"layer input norm + residual fwd+bwd ({tokens} x {hidden})"
+    base, ref = measure(case, "upstream (torch RMSNorm, autograd's residual add)", step(rms_norm_residual_reference), ctx)
+    return [base, measure(case, "fused (rms_norm_residual)", step(rms_norm_residual), ctx, reference=ref)[0]]
+
+
 def mamba_region_case(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> list[Row]:
     import torch
     from nam56r_kernels.mamba3_regions import adt_dt_compiled, adt_dt_reference
@@ -300,6 +328,7 @@ CASE_GROUPS = {
     "ce": cross_entropy_cases,
     "moe-experts": moe_case,
     "moe-layer": moe_layer_cases,
+    "norm": residual_norm_case,
     "mamba": mamba_region_case,
 }
 CASES = tuple(CASE_GROUPS.values())

@@ -148,17 +148,20 @@ def _layers_step(layers: list, batch: int, seq: int, begin_pass: Callable[[], No
     return step
 
 
-# (routed experts, MoEConfig.dispatch, MoEConfig.expert_activation, MoEConfig.router_gating, MoEConfig.routing) of each
-# `moe layer` variant, the baseline first, each adding one path to the one before.
+# (routed experts, MoEConfig.dispatch, MoEConfig.expert_activation, MoEConfig.router_gating, MoEConfig.routing,
+# ModelConfig.residual_norm) of each `moe layer` variant, the baseline first, each adding one path to the one before.
 MOE_LAYER_VARIANTS = {
-    "upstream: Megatron local (SequentialMLP experts)": ("sequential", "megatron", "eager", "megatron", "megatron"),
-    "grouped_mm experts": ("grouped", "megatron", "eager", "megatron", "megatron"),
-    "grouped_mm experts + fused-permute dispatch": ("grouped", "fused-permute", "eager", "megatron", "megatron"),
-    "grouped_mm experts + fused-permute dispatch + fused activation": ("grouped", "fused-permute", "fused", "megatron", "megatron"),
+    "upstream: Megatron local (SequentialMLP experts)": ("sequential", "megatron", "eager", "megatron", "megatron", "torch"),
+    "grouped_mm experts": ("grouped", "megatron", "eager", "megatron", "megatron", "torch"),
+    "grouped_mm experts + fused-permute dispatch": ("grouped", "fused-permute", "eager", "megatron", "megatron", "torch"),
+    "grouped_mm experts + fused-permute dispatch + fused activation": (
+        "grouped", "fused-permute", "fused", "megatron", "megatron", "torch"),
     "grouped_mm experts + fused-permute dispatch + fused activation + fused router gating": (
-        "grouped", "fused-permute", "fused", "fused", "megatron"),
+        "grouped", "fused-permute", "fused", "fused", "megatron", "torch"),
     "grouped_mm experts + fused-permute dispatch + fused activation + fused router gating + fused routing": (
-        "grouped", "fused-permute", "fused", "fused", "fused"),
+        "grouped", "fused-permute", "fused", "fused", "fused", "torch"),
+    "grouped_mm experts + fused-permute dispatch + fused activation + fused router gating + fused routing + fused input norm": (
+        "grouped", "fused-permute", "fused", "fused", "fused", "fused"),
 }
 # The variant the one-GPU recipes train with and the one before it: their steps are also profiled kernel by kernel.
 PROFILED_MOE_VARIANTS = tuple(MOE_LAYER_VARIANTS)[-2:]
@@ -175,9 +178,9 @@ def moe_layer_cases(ctx: Context, shapes: KernelShapes, sweep: KernelSweep) -> l
     config, backend = get_preset(shapes.preset), resolve_backend("auto")
     case = f"moe layer fwd+bwd ({sweep.moe_tokens} tokens)"
     rows, back_to_back, stage_rows, reference, weights = [], [], [], None, None
-    for variant, (experts, dispatch, activation, gating, routing) in MOE_LAYER_VARIANTS.items():
+    for variant, (experts, dispatch, activation, gating, routing, norm) in MOE_LAYER_VARIANTS.items():
         moe = replace(config.moe, dispatch=dispatch, expert_activation=activation, router_gating=gating, routing=routing)
-        variant_config = replace(config, moe=moe)
+        variant_config = replace(config, moe=moe, residual_norm=norm)
         layer = build_moe_layer(variant_config, backend, device="cuda", params_dtype=torch.bfloat16, experts=experts)
         if weights is None:
             weights = as_trained(layer).state_dict()

@@ -228,7 +228,7 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
 
 # The recipe fields a train-step row names (recipe.json's keys).
 RUN_SETTINGS = ("micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "expert_activation", "router_gating", "moe_routing",
-                "index_cache", "recompute", "overlap_dp_comm", "moe_shared_expert_overlap", "backend")
+                "residual_norm", "index_cache", "recompute", "overlap_dp_comm", "moe_shared_expert_overlap", "backend")
 
 
 def run_settings(run_dir: Path) -> dict:

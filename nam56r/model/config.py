@@ -28,6 +28,9 @@ ROUTER_GATING_PATHS: tuple[str, ...] = get_args(RouterGating)
 # How a MoE router turns its logits into routing probs, the seq aux loss and the expert load (MoEConfig.routing).
 MoERouting = Literal["megatron", "fused"]
 MOE_ROUTING_PATHS: tuple[str, ...] = get_args(MoERouting)
+# How a transformer layer's input norm runs and its residual's gradient is summed (ModelConfig.residual_norm).
+ResidualNorm = Literal["torch", "fused"]
+RESIDUAL_NORM_PATHS: tuple[str, ...] = get_args(ResidualNorm)
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,11 @@ class ModelConfig:
     ngram: NgramHashConfig = field(default_factory=NgramHashConfig)
     rope_base: float = 500_000.0
     norm_epsilon: float = 1e-5
+    # How it runs, not what it is: the transformer layers' input norms (attention's and the MLP/MoE's, RMSNorm either
+    # way). "torch", Megatron's local norm (torch's RMSNorm; autograd adds the residual's gradient in bf16 after its
+    # backward); "fused", one Triton pass each way whose backward sums the residual's gradient in, rounded once
+    # (nam56r.model.residual_norm; local backend). The model's default is torch's; the recipes name theirs.
+    residual_norm: ResidualNorm = "torch"
     precision: Precision = "bf16"
     init_std: float = 0.02
 
@@ -226,6 +234,8 @@ class ModelConfig:
             problems.append(f"moe.router_gating {self.moe.router_gating!r} must be one of {', '.join(map(repr, ROUTER_GATING_PATHS))}")
         if self.moe.routing not in MOE_ROUTING_PATHS:
             problems.append(f"moe.routing {self.moe.routing!r} must be one of {', '.join(map(repr, MOE_ROUTING_PATHS))}")
+        if self.residual_norm not in RESIDUAL_NORM_PATHS:
+            problems.append(f"residual_norm {self.residual_norm!r} must be one of {', '.join(map(repr, RESIDUAL_NORM_PATHS))}")
         if self.full_attention_every < 1:
             problems.append(f"full_attention_every {self.full_attention_every} must be positive")
         if self.index_cache.share_group < 1:

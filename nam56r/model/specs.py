@@ -45,12 +45,13 @@ from megatron.core.transformer.transformer_layer import MoETransformerLayer, Tra
 from nam56r_kernels.index_cache import IndexCachePlan, TopkCache
 
 from nam56r.model.backend import Backend, resolve_backend  # noqa: F401 - resolve_backend is part of this module's API
-from nam56r.model.config import ExpertActivation, ModelConfig
+from nam56r.model.config import ExpertActivation, ModelConfig, ResidualNorm
 from nam56r.model.dsa_index_cache import IndexCacheDSAttention
 from nam56r.model.local_layers import DuplicatedLinear, LatentSDPAttention
 from nam56r.model.mamba3_mixer import Mamba3Mixer
 from nam56r.model.moe_dispatch import DispatchMoELayer
 from nam56r.model.moe_experts import GroupedMLPExperts
+from nam56r.model.residual_norm import ResidualRMSNorm
 
 # The routed experts of a MoE layer: the backend's grouped experts (ours on `local`, TE's on `te`), or
 # Megatron's per-expert `SequentialMLP` on the backend's linears (the baseline the MoE layer bench measures).
@@ -61,10 +62,13 @@ MOE_EXPERTS: tuple[MoEExperts, ...] = ("grouped", "sequential")
 class _BackendModules:
     """The module classes of one backend."""
 
-    def __init__(self, backend: Backend, expert_activation: ExpertActivation = "eager") -> None:
+    def __init__(self, backend: Backend, expert_activation: ExpertActivation = "eager", residual_norm: ResidualNorm = "torch") -> None:
         if expert_activation != "eager" and backend != "local":
             raise ValueError(f"moe.expert_activation {expert_activation!r} runs in our grouped experts on the local backend; "
                              f"backend {backend!r} has its own experts: use expert_activation='eager'")
+        if residual_norm != "torch" and backend != "local":
+            raise ValueError(f"residual_norm {residual_norm!r} stands in for the local backend's torch norm; backend {backend!r} "
+                             "has its own: use residual_norm='torch'")
         if backend == "te":
             from megatron.core.extensions.transformer_engine import (
                 TEColumnParallelLinear,
@@ -82,6 +86,8 @@ class _BackendModules:
             self.norm, self.column, self.row = WrappedTorchNorm, ColumnParallelLinear, RowParallelLinear
             self.down_proj, self.duplicated, self.core_attention = ColumnParallelLinear, DuplicatedLinear, LatentSDPAttention
             self.provider, self.grouped_gemm = _LocalGroupedExpertsProvider(fused_activation=expert_activation == "fused"), True
+        # A transformer layer's input norm (attention's input_layernorm, the MLP/MoE's pre_mlp_layernorm).
+        self.input_norm = ResidualRMSNorm if residual_norm == "fused" else self.norm
 
 
 class _LocalGroupedExpertsProvider(LocalSpecProvider):
@@ -102,7 +108,7 @@ def _mla_layer(modules: _BackendModules) -> ModuleSpec:
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
-            input_layernorm=modules.norm,
+            input_layernorm=modules.input_norm,
             self_attention=ModuleSpec(
                 module=MLASelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
@@ -143,7 +149,7 @@ def _dsa_layer(modules: _BackendModules, config: ModelConfig, plan: IndexCachePl
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
-            input_layernorm=modules.norm,
+            input_layernorm=modules.input_norm,
             self_attention=ModuleSpec(
                 module=AbsorbedMLASelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
@@ -169,7 +175,7 @@ def moe_layer_spec(config: ModelConfig, backend: Backend, experts: MoEExperts = 
     expert; residual add) on `backend`, with `experts` as its routed experts."""
     if experts not in MOE_EXPERTS:
         raise ValueError(f"experts must be one of {MOE_EXPERTS}, got {experts!r}")
-    modules = _BackendModules(backend, config.moe.expert_activation)
+    modules = _BackendModules(backend, config.moe.expert_activation, config.residual_norm)
     moe = get_moe_module_spec_for_backend(
         backend=modules.provider, num_experts=config.moe.num_experts, moe_grouped_gemm=modules.grouped_gemm and experts == "grouped"
     )
@@ -178,7 +184,7 @@ def moe_layer_spec(config: ModelConfig, backend: Backend, experts: MoEExperts = 
                   router_gating=config.moe.router_gating, routing=config.moe.routing)
     return ModuleSpec(
         module=MoETransformerLayer,
-        submodules=TransformerLayerSubmodules(pre_mlp_layernorm=modules.norm, mlp=moe, mlp_bda=get_bias_dropout_add),
+        submodules=TransformerLayerSubmodules(pre_mlp_layernorm=modules.input_norm, mlp=moe, mlp_bda=get_bias_dropout_add),
     )
 
 
@@ -186,7 +192,7 @@ def hybrid_stack_spec(
     config: ModelConfig, backend: Backend, *, index_cache_plan: IndexCachePlan | None = None, topk_cache: TopkCache | None = None
 ) -> ModuleSpec:
     """The HybridStack spec for `config` on `backend` (IndexCache wired in when a plan is given)."""
-    modules = _BackendModules(backend, config.moe.expert_activation)
+    modules = _BackendModules(backend, config.moe.expert_activation, config.residual_norm)
     mla = _mla_layer(modules)
     return ModuleSpec(
         module=HybridStack,
@@ -205,7 +211,7 @@ def hybrid_stack_spec(
             mlp_layer=ModuleSpec(
                 module=MLPLayer,
                 submodules=TransformerLayerSubmodules(
-                    pre_mlp_layernorm=modules.norm,
+                    pre_mlp_layernorm=modules.input_norm,
                     mlp=partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(linear_fc1=modules.column, linear_fc2=modules.row)),
                     mlp_bda=get_bias_dropout_add,
                 ),

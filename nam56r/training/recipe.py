@@ -27,7 +27,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ClassVar, Literal, get_args
 
-from nam56r.model.config import DSAIndexerPath, ExpertActivation, ModelConfig, MoEDispatch, MoERouting, Precision, RouterGating
+from nam56r.model.config import (
+    DSAIndexerPath,
+    ExpertActivation,
+    ModelConfig,
+    MoEDispatch,
+    MoERouting,
+    Precision,
+    ResidualNorm,
+    RouterGating,
+)
 from nam56r.model.presets import PRESETS, get_preset
 from nam56r.training.phases import DsaPhases
 from nam56r.training.recall_probe import RecallSchedule
@@ -125,6 +134,10 @@ class Recipe:
     # MoEConfig.routing: "fused" (scores, top-k, seq aux loss and expert load in Triton, nam56r_kernels.moe_routing) is
     # faster over a whole MoE layer than "megatron" (TopKRouter.routing's torch ops).
     moe_routing: MoERouting = "fused"
+    # ModelConfig.residual_norm of the local backend's transformer layers: "fused" (the input norm and the residual's
+    # gradient in one Triton pass each way, nam56r.model.residual_norm) is faster than "torch" at NAM56R's hidden size.
+    # None: "fused" on the local backend; the te backend's layers run TE's norm ("torch" here).
+    residual_norm: ResidualNorm | None = None
     # DSA: dense indexer warm-up for the first N steps, then sparse (nam56r.model.dsa_warmup)
     dsa_phases: DsaPhases = field(default_factory=DsaPhases)
     # DSA: log one layer's indexer recall against dense attention every N steps (nam56r.training.recall_probe); 0: off
@@ -167,18 +180,27 @@ class Recipe:
             raise RecipeError(self.name, [_fused_activation_refused(backend)])
         return self.expert_activation
 
+    def residual_norm_on(self, backend: str) -> ResidualNorm:
+        """The transformer layers' input-norm path on the resolved layer backend ("local" or "te")."""
+        if self.residual_norm is None:
+            return "fused" if backend == "local" else "torch"
+        if self.residual_norm == "fused" and backend != "local":
+            raise RecipeError(self.name, [_fused_norm_refused(backend)])
+        return self.residual_norm
+
     def on_backend(self, backend: str) -> Recipe:
         """This recipe with the paths that depend on the resolved layer backend named (what recipe.json records)."""
-        return replace(self, expert_activation=self.expert_activation_on(backend))
+        return replace(self, expert_activation=self.expert_activation_on(backend), residual_norm=self.residual_norm_on(backend))
 
     def model_config(self, backend: str | None = None) -> ModelConfig:
         """The model this recipe trains: the preset with the recipe's sequence length, precision, IndexCache,
         DSA indexer, MoE dispatch, router gating and Mamba-3 recompute, and, given the resolved layer `backend`, its experts'
-        activation path (without it, the preset's)."""
+        activation and input-norm paths (without it, the preset's)."""
         base = get_preset(self.model)
         activation = self.expert_activation_on(backend) if backend else base.moe.expert_activation
         return replace(
             base,
+            residual_norm=self.residual_norm_on(backend) if backend else base.residual_norm,
             seq_length=self.seq_length or base.seq_length,
             precision=self.precision,
             index_cache=replace(base.index_cache, enabled=self.index_cache),
@@ -247,6 +269,8 @@ class Recipe:
             )
         if self.expert_activation == "fused" and self.backend == "te":
             problems.append(_fused_activation_refused(self.backend))
+        if self.residual_norm == "fused" and self.backend == "te":
+            problems.append(_fused_norm_refused(self.backend))
         if self.linear_ce not in get_args(LinearCE):
             problems.append(f"linear_ce {self.linear_ce!r} is not one of {', '.join(get_args(LinearCE))}")
         problems += recompute_problems(self, model)
@@ -280,6 +304,11 @@ class Recipe:
 def _fused_activation_refused(backend: str) -> str:
     return (f"expert_activation 'fused' runs in our grouped experts on the local backend; backend '{backend}' has TE's "
             "grouped experts (--expert-activation eager, or --backend local)")
+
+
+def _fused_norm_refused(backend: str) -> str:
+    return (f"residual_norm 'fused' stands in for the local backend's torch norm; backend '{backend}' has TE's norm "
+            "(--residual-norm torch, or --backend local)")
 
 
 def _dense_warmup_problems(model: ModelConfig) -> list[str]:

@@ -96,6 +96,7 @@ def recipe_from(args: argparse.Namespace, kernels: bool = True) -> Recipe:
         linear_ce=args.linear_ce,
         moe_dispatch=args.moe_dispatch,
         expert_activation=args.expert_activation,
+        residual_norm=args.residual_norm,
         router_gating=args.router_gating,
         moe_routing=args.moe_routing,
         dsa_phases=phases,
@@ -276,7 +277,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     )
     print(f"paths: linear-ce {recipe.linear_ce}, dsa-indexer {recipe.dsa_indexer}, index-cache {'on' if recipe.index_cache else 'off'}, "
           f"moe-dispatch {recipe.moe_dispatch}, expert-activation {model.moe.expert_activation}, router-gating {recipe.router_gating}, "
-          f"moe-routing {recipe.moe_routing}")
+          f"moe-routing {recipe.moe_routing}, residual-norm {model.residual_norm}")
     print(f"DSA phases: {recipe.dsa_phases.describe()}")
     print(f"data: {data.note}")
     print(f"data checked: {checked}")

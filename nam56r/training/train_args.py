@@ -7,7 +7,14 @@ import argparse
 from pathlib import Path
 from typing import get_args
 
-from nam56r.model.config import DSA_INDEXER_PATHS, EXPERT_ACTIVATION_PATHS, MOE_DISPATCH_PATHS, MOE_ROUTING_PATHS, ROUTER_GATING_PATHS
+from nam56r.model.config import (
+    DSA_INDEXER_PATHS,
+    EXPERT_ACTIVATION_PATHS,
+    MOE_DISPATCH_PATHS,
+    MOE_ROUTING_PATHS,
+    RESIDUAL_NORM_PATHS,
+    ROUTER_GATING_PATHS,
+)
 from nam56r.model.presets import PRESETS
 from nam56r.training.recipe import RECIPES, LinearCE, Recompute
 
@@ -64,6 +71,11 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                        help="the MoE experts' GELU and router-prob scale on the local backend: one Triton pass each way "
                             "(fused, the default there; nam56r_kernels.expert_activation) or Megatron's eager ops (eager, "
                             "and the te backend's, whose grouped experts run TE's own activation)")
+    shape.add_argument("--residual-norm", choices=RESIDUAL_NORM_PATHS,
+                       help="the transformer layers' input norms (RMSNorm) on the local backend: one Triton pass each way whose "
+                            "backward also sums the residual's gradient (fused, the default there; nam56r.model.residual_norm) or "
+                            "torch's RMSNorm with autograd adding the residual's gradient (torch, and the te backend's, which runs "
+                            "TE's norm)")
     shape.add_argument("--router-gating", choices=ROUTER_GATING_PATHS,
                        help="the MoE router's fp32 logits: from its bf16 input and weight with Triton kernels each way, no fp32 "
                             "copies (fused, every recipe's default; nam56r_kernels.router_gating), or Megatron's local GEMM on "

@@ -28,6 +28,7 @@ def test_kernel_shapes_are_the_presets_fields(preset: str) -> None:
         preset=preset,
         seq_length=config.seq_length,
         hidden_size=config.hidden_size,
+        norm_epsilon=config.norm_epsilon,
         vocab_size=config.vocab_size,
         mtp_depths=config.mtp.depths,
         indexer_heads=config.dsa.indexer_heads,
@@ -173,21 +174,28 @@ def test_the_moe_layer_cases_compare_megatrons_sequential_experts_with_ours(mega
     from nam56r_bench.kernel_suite import CASES
     from nam56r_bench.layer_cases import MOE_LAYER_VARIANTS, PROFILED_MOE_VARIANTS, moe_layer_cases
 
-    from nam56r.model.config import EXPERT_ACTIVATION_PATHS, MOE_DISPATCH_PATHS, MOE_ROUTING_PATHS, ROUTER_GATING_PATHS
+    from nam56r.model.config import (
+        EXPERT_ACTIVATION_PATHS,
+        MOE_DISPATCH_PATHS,
+        MOE_ROUTING_PATHS,
+        RESIDUAL_NORM_PATHS,
+        ROUTER_GATING_PATHS,
+    )
     from nam56r.model.specs import MOE_EXPERTS
     from nam56r.training.recipe import get_recipe
 
     assert moe_layer_cases in CASES
     paths = list(zip(*MOE_LAYER_VARIANTS.values(), strict=True))
     assert [set(p) for p in paths] == [set(MOE_EXPERTS), set(MOE_DISPATCH_PATHS), set(EXPERT_ACTIVATION_PATHS),
-                                       set(ROUTER_GATING_PATHS), set(MOE_ROUTING_PATHS)]
+                                       set(ROUTER_GATING_PATHS), set(MOE_ROUTING_PATHS), set(RESIDUAL_NORM_PATHS)]
     assert [v.startswith(BASELINE_PREFIXES) for v in MOE_LAYER_VARIANTS] == [True] + [False] * (len(MOE_LAYER_VARIANTS) - 1)
     # Megatron's layer as it ships
-    assert MOE_LAYER_VARIANTS[next(iter(MOE_LAYER_VARIANTS))] == ("sequential", "megatron", "eager", "megatron", "megatron")
+    assert MOE_LAYER_VARIANTS[next(iter(MOE_LAYER_VARIANTS))] == ("sequential", "megatron", "eager", "megatron", "megatron", "torch")
     # the last variant is the one-GPU recipes' path on the local backend, and it is profiled
-    moe = get_recipe("proxy-1gpu").model_config(backend="local").moe
-    last = list(MOE_LAYER_VARIANTS)[-1]
-    assert MOE_LAYER_VARIANTS[last] == ("grouped", moe.dispatch, moe.expert_activation, moe.router_gating, moe.routing)
+    model = get_recipe("proxy-1gpu").model_config(backend="local")
+    moe, last = model.moe, list(MOE_LAYER_VARIANTS)[-1]
+    assert MOE_LAYER_VARIANTS[last] == ("grouped", moe.dispatch, moe.expert_activation, moe.router_gating, moe.routing,
+                                        model.residual_norm)
     assert last in PROFILED_MOE_VARIANTS and set(PROFILED_MOE_VARIANTS) <= set(MOE_LAYER_VARIANTS)
 
 

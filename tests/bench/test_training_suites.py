@@ -288,10 +288,10 @@ def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path
     assert settings["micro_batch"] == 8 and settings["linear_ce"] == recipe.linear_ce and settings["dsa_indexer"] == "fused-tilelang-loss"
     assert settings["moe_dispatch"] == "fused-permute" and settings["index_cache"] is True
     assert settings["expert_activation"] == "fused" and settings["router_gating"] == recipe.router_gating == "fused"
-    assert settings["moe_routing"] == recipe.moe_routing == "fused"
+    assert settings["moe_routing"] == recipe.moe_routing == "fused" and settings["residual_norm"] == "fused"
     assert settings["overlap_dp_comm"] is False and settings["moe_shared_expert_overlap"] is False
     assert set(settings) == {"micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "expert_activation", "router_gating",
-                             "moe_routing", "index_cache", "recompute", "overlap_dp_comm", "moe_shared_expert_overlap", "backend"}
+                             "moe_routing", "residual_norm", "index_cache", "recompute", "overlap_dp_comm", "moe_shared_expert_overlap", "backend"}
 
 
 def test_a_model_is_prewarmed_for_its_recipe_and_preset_through_the_prewarm_command_line() -> None:

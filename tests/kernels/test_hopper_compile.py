@@ -10,7 +10,15 @@ HOPPER = ("cuda", 90, 32)
 
 
 def _kernels():
-    from nam56r_kernels import dsa_indexer, expert_activation, linear_cross_entropy, moe_permute, moe_routing, router_gating
+    from nam56r_kernels import (
+        dsa_indexer,
+        expert_activation,
+        linear_cross_entropy,
+        moe_permute,
+        moe_routing,
+        residual_rms_norm,
+        router_gating,
+    )
 
     scores = {"q_ptr": "*bf16", "k_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "sq": "i32", "sk": "i32",
               **{name: "i64" for name in ("stride_qs", "stride_qb", "stride_qh", "stride_ks", "stride_kb", "stride_ws",
@@ -41,12 +49,16 @@ def _kernels():
     routing_bwd = {"logits_ptr": "*fp32", "map_ptr": "*u8", "aux_counts_ptr": "*fp32", "grad_probs_ptr": "*fp32",
                    "grad_aux_ptr": "*fp32", "grad_logits_ptr": "*fp32", "seq_len": "i32", "batch": "i32", "scaling": "fp32",
                    "aux_scale": "fp32"}
+    norm = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rstd_ptr": "*fp32", "hidden": "i32", "eps": "fp32"}
+    norm_bwd = {"grad_y_ptr": "*bf16", "grad_res_ptr": "*bf16", "x_ptr": "*bf16", "w_ptr": "*bf16", "rstd_ptr": "*fp32",
+                "grad_x_ptr": "*bf16", "partial_ptr": "*fp32", "rows": "i32", "hidden": "i32", "rows_per_program": "i32"}
+    norm_block = {"BLOCK_H": residual_rms_norm._block(4096)[0]}  # NAM56R's hidden size
     e_pad, block_s = moe_routing._blocks(4096, 16)  # NAM56R's S = 4096 positions of 16 experts
     blocks = {"PRODUCT_FP32": True, "BLOCK_ROWS": expert_activation._BLOCK_ROWS, "BLOCK_COLS": expert_activation._BLOCK_COLS}
     # (kernel, signature, compile-time values): NAM56R's indexer (32 heads x 64, relu, causal), its select over 4096
-    # keys keeping the top-256 and, in the dense warm-up, all 4096; the MoE permute at hidden 4096 and 16 experts;
-    # the experts' activation on bf16 with fp32 probs; the router's gating over 16 experts (the GPU's bf16 path) and its
-    # top-4 routing with the expert bias and the seq aux loss.
+    # keys keeping the top-256 and, in the dense warm-up, all 4096; the MoE permute at hidden 4096 and 16 experts; the
+    # experts' activation on bf16 with fp32 probs; the layers' input norm at hidden 4096; the router's gating over 16
+    # experts (the GPU's bf16 path) and its top-4 routing with the expert bias and the seq aux loss.
     return {
         "index scores": (dsa_indexer._index_scores_kernel, scores,
                          {"HEADS": 32, "DIM": 64, "BLOCK_M": dsa_indexer._SCORE_BLOCK_M, "BLOCK_N": dsa_indexer._SCORE_BLOCK_N,
@@ -75,6 +87,8 @@ def _kernels():
                                   "HAS_GRAD_PROBS": True, "HAS_GRAD_AUX": True}),
         "expert activation forward": (expert_activation._scaled_gelu_fwd, activation, blocks),
         "expert activation backward": (expert_activation._scaled_gelu_bwd, activation_bwd, blocks),
+        "layer input norm forward": (residual_rms_norm._rms_norm_fwd, norm, norm_block),
+        "layer input norm backward": (residual_rms_norm._rms_norm_bwd, norm_bwd, {"RESIDUAL": True, **norm_block}),
     }
 
 
@@ -82,7 +96,8 @@ def _kernels():
                                   "moe copy to rows", "moe sum rows", "moe block counts", "moe routing rows",
                                   "router gating forward", "router gating input gradient", "router gating weight gradient",
                                   "moe routing forward", "moe routing reduce", "moe routing backward",
-                                  "expert activation forward", "expert activation backward"])
+                                  "expert activation forward", "expert activation backward", "layer input norm forward",
+                                  "layer input norm backward"])
 def test_the_kernel_compiles_for_hopper(name: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
