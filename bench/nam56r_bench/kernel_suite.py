@@ -33,15 +33,16 @@ Cases (each size by the ModelConfig field it is read from):
   nam56r.model.model.build_moe_layer on the recipe backend) on N tokens as seq_length x N/seq_length sequences,
   in training mode: Megatron's per-expert ``SequentialMLP`` vs our grouped experts, with Megatron's all-to-all
   dispatcher and with ours at EP=1 (``MoEConfig.dispatch="fused-permute"``, nam56r.model.moe_dispatch), with the
-  fused expert activation, with the fused router gating (nam56r_kernels.router_gating), and with the fused routing
-  (nam56r_kernels.moe_routing; the one-GPU recipes' path), same weights.
+  fused expert activation, with the fused router gating (nam56r_kernels.router_gating), with the fused routing
+  (nam56r_kernels.moe_routing), and with the fused input norm (ModelConfig.residual_norm; the one-GPU recipes' path),
+  same weights.
   ``moe layer fwd+bwd back-to-back``: the same steps ten at a time with no synchronization between them, as a
   training step runs its layers, so the host's launch time hides behind queued GPU work where it can (each
   ``fwd+bwd`` step starts from an idle GPU and counts it).
   ``moe layer stages``: each variant's forward split into its stages with CUDA events at module hooks (shared
   expert, router, dispatch+permute, experts, unpermute+combine), and the backward as the rest of the step.
-  ``moe layer kernels``: the one-GPU recipes' variant's forward+backward and the same with Megatron's routing
-  (``MoEConfig.routing="megatron"``), kernel by kernel (PyTorch profiler; not with ``--quick``): the top 15 kernels
+  ``moe layer kernels``: the one-GPU recipes' variant's forward+backward and the same with torch's input norm
+  (``ModelConfig.residual_norm="torch"``), kernel by kernel (PyTorch profiler; not with ``--quick``): the top 15 kernels
   with their share of the step, and the GPU-idle share.
 - ``layer input norm + residual``: a transformer layer's input RMSNorm (eps norm_epsilon) and its residual,
   forward+backward on moe_tokens x hidden_size: torch's RMSNorm with autograd adding the residual's gradient vs

@@ -291,7 +291,8 @@ def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path
     assert settings["moe_routing"] == recipe.moe_routing == "fused" and settings["residual_norm"] == "fused"
     assert settings["overlap_dp_comm"] is False and settings["moe_shared_expert_overlap"] is False
     assert set(settings) == {"micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "expert_activation", "router_gating",
-                             "moe_routing", "residual_norm", "index_cache", "recompute", "overlap_dp_comm", "moe_shared_expert_overlap", "backend"}
+                             "moe_routing", "residual_norm", "index_cache", "recompute", "overlap_dp_comm",
+                             "moe_shared_expert_overlap", "backend"}
 
 
 def test_a_model_is_prewarmed_for_its_recipe_and_preset_through_the_prewarm_command_line() -> None:
