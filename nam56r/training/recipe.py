@@ -174,19 +174,20 @@ class Recipe:
 
     def expert_activation_on(self, backend: str) -> ExpertActivation:
         """The MoE experts' activation path on the resolved layer backend ("local" or "te")."""
-        if self.expert_activation is None:
-            return "fused" if backend == "local" else "eager"
-        if self.expert_activation == "fused" and backend != "local":
-            raise RecipeError(self.name, [_fused_activation_refused(backend)])
-        return self.expert_activation
+        return self._local_fused_path(self.expert_activation, backend, "eager", _fused_activation_refused)
 
     def residual_norm_on(self, backend: str) -> ResidualNorm:
         """The transformer layers' input-norm path on the resolved layer backend ("local" or "te")."""
-        if self.residual_norm is None:
-            return "fused" if backend == "local" else "torch"
-        if self.residual_norm == "fused" and backend != "local":
-            raise RecipeError(self.name, [_fused_norm_refused(backend)])
-        return self.residual_norm
+        return self._local_fused_path(self.residual_norm, backend, "torch", _fused_norm_refused)
+
+    def _local_fused_path(self, chosen: str | None, backend: str, backend_own: str, refused: Callable[[str], str]) -> str:
+        """A path whose "fused" runs on the local backend only: `chosen`, or unset, "fused" there and `backend_own` (the
+        te backend's own module) elsewhere; raises naming `refused(backend)` for "fused" on another backend."""
+        if chosen is None:
+            return "fused" if backend == "local" else backend_own
+        if chosen == "fused" and backend != "local":
+            raise RecipeError(self.name, [refused(backend)])
+        return chosen
 
     def on_backend(self, backend: str) -> Recipe:
         """This recipe with the paths that depend on the resolved layer backend named (what recipe.json records)."""
