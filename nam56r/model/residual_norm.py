@@ -26,11 +26,13 @@ class ResidualRMSNorm(torch.nn.Module):
     """forward(hidden_states [..., H]) -> (normed [..., H], residual [..., H]) in hidden_states' dtype, on CUDA (or under
     Triton's interpreter); the weight must be in hidden_states' dtype (Float16Module's cast gives it)."""
 
-    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_norm_kwargs: object) -> None:
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
+                 zero_centered_gamma: bool = False, normalization: str = "RMSNorm") -> None:
+        # WrappedTorchNorm's signature; like it, the norm kind is read from the config.
         unsupported = {
             f"normalization={config.normalization!r} (needs 'RMSNorm')": config.normalization != "RMSNorm",
-            "layernorm_zero_centered_gamma=True": config.layernorm_zero_centered_gamma,
-            "persist_layer_norm=True": config.persist_layer_norm,
+            "layernorm_zero_centered_gamma=True": config.layernorm_zero_centered_gamma or zero_centered_gamma,
+            "persist_layer_norm=True": config.persist_layer_norm or persist_layer_norm,
             "sequence_parallel=True": config.sequence_parallel,
             "memory_efficient_layer_norm=True": config.memory_efficient_layer_norm,
         }

@@ -78,6 +78,10 @@ def test_the_fused_norm_is_refused_where_it_cannot_run(megatron_built, monkeypat
         with pytest.raises(ValueError, match=f"residual_norm='fused' does not support {message}; use residual_norm='torch'"):
             ResidualRMSNorm(mcfg, config.hidden_size)
         monkeypatch.undo()
+    with pytest.raises(ValueError, match="does not support layernorm_zero_centered_gamma=True; use residual_norm='torch'"):
+        ResidualRMSNorm(mcfg, config.hidden_size, zero_centered_gamma=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bias'"):
+        ResidualRMSNorm(mcfg, config.hidden_size, bias=True)
     with pytest.raises(ValueError, match="weight is torch.float32 and its input torch.bfloat16"):
         layer.pre_mlp_layernorm(torch.randn(3, 2, config.hidden_size).bfloat16())
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
