@@ -5,6 +5,7 @@
   nox -s data -- ARGS       build the default C/C++ training corpus (python -m nam56r.training.data build ARGS)
   nox -s train -- ARGS      train (python -m nam56r.training.train ARGS), e.g. `-- --recipe proxy-1gpu --dry-run`
   nox -s bench -- ARGS      benchmarks (python -m nam56r_bench ARGS): `-- --list`, `-- tooling`, `-- kernels` ...
+  nox -s prewarm -- ARGS    a portable compiled-kernel cache for recipes (python -m nam56r.training.kernel_cache_cli prewarm ARGS)
   nox -s gpu-check -- ARGS  a GPU node's acceptance check (python -m nam56r.training.gpu_check): GPU tests, GPU packs, tiny train + resume
   nox -s lint               ruff
   nox -s patches -- CMD     the patch-lane CLI (tools/apply_patches.py CMD), e.g. `-- status`, `-- check`
@@ -146,6 +147,14 @@ def packs(session: nox.Session) -> None:
     _build(session)
     _venv_install(session, *FORMATTERS)
     session.run(str(VENV_PYTHON), str(ROOT / "tools" / "packs.py"), *session.posargs, external=True)
+
+
+@nox.session
+def prewarm(session: nox.Session) -> None:
+    """Compile recipes' kernels into a portable kernel cache on a GPU node: `-- --out DIR [--recipe R ...] [--mbs N]`."""
+    _build(session)
+    _venv_install(session, *TRAIN_REQUIREMENTS)
+    session.run(str(VENV_PYTHON), "-m", "nam56r.training.kernel_cache_cli", "prewarm", *session.posargs, external=True)
 
 
 @nox.session(name="gpu-check")

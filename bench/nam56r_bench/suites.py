@@ -16,6 +16,6 @@ SUITES = {
               True, training_suites.train_step),
         Suite("microbatch", "largest micro-batch that trains at sequence 4096, proxy and full, fused vs upstream LM-head/MTP CE",
               True, training_suites.microbatch),
-        Suite("compile-tax", "time to first step with empty and with warm Triton/TileLang caches", True, training_suites.compile_tax),
+        Suite("compile-tax", "time to the first step without and with a carried kernel cache (tiny, proxy; mbs 8)", True, training_suites.compile_tax),
     )
 }

@@ -15,10 +15,9 @@
   `--recompute`; `each` is `RECOMPUTE_SETTINGS`), on the default CE path: the micro-batch and TFLOP/s per switch.
   Before a model's search its Mamba-3 MIMO kernels are compiled for `--prewarm-mbs` sizes in parallel
   (`nam56r.training.kernel_prewarm`), as they are compiled per micro-batch size.
-- ``compile-tax``: wall time to the first logged step with empty Triton, TileLang and Inductor caches, then
-  again with the caches that run filled. Across runs the stack relies on those compilers' on-disk caches
-  (by default ~/.triton/cache and ~/.tilelang/cache; TRITON_CACHE_DIR / TILELANG_CACHE_DIR move them,
-  e.g. onto a node-local disk that outlives jobs), so only a machine's first run pays the cold figure.
+- ``compile-tax``: wall time to the first logged step of tiny and proxy at micro-batch 8 with an empty portable kernel
+  cache (`--kernel-cache`, nam56r.training.kernel_cache), which that run fills, then with the filled cache copied to
+  another path, as a node it is carried to gets it: the first step a fresh node pays, with and without a carried cache.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,12 +51,14 @@ class BenchModel:
 
     launcher_args: tuple[str, ...]
     gpus: int = 1
+    default: bool = True  # run by a suite given no --model (tiny is for compile-tax alone)
 
 
 # The full NAM56R on one GPU is the 8-GPU bf16 recipe on one GPU, no expert parallelism; on two GPUs it is the
 # 2xH200 recipe (EP=2, distributed optimizer) with the full model; on four GPUs it is the 8-GPU bf16 recipe at its own
 # EP=4, each GPU holding the experts and optimizer shards it holds on eight, but data parallel 4.
 RECIPES = {
+    "tiny": BenchModel(("--recipe", "tiny-1gpu"), default=False),
     "proxy": BenchModel(("--recipe", "proxy-1gpu")),
     "nam56r": BenchModel(("--recipe", "h200x8-bf16", "--gpus-per-node", "1", "--ep", "1")),
     "nam56r-2gpu": BenchModel(("--recipe", "h200x2-ep2", "--model", "nam56r"), gpus=2),
@@ -76,7 +78,7 @@ RANK_LINE = re.compile(r"^\[default\d+\]:")
 
 def models(ctx: Context) -> tuple[str, ...]:
     """The models a training suite runs: those named with --model, else the one-GPU ones (the proxy alone for --quick)."""
-    return ctx.models or (("proxy",) if ctx.quick else tuple(name for name, model in RECIPES.items() if model.gpus == 1))
+    return ctx.models or (("proxy",) if ctx.quick else tuple(name for name, model in RECIPES.items() if model.gpus == 1 and model.default))
 
 
 def require_gpus(model: str) -> None:
@@ -387,15 +389,31 @@ def _attempt(result: dict) -> dict:
             "first_step_s": result["first_step_s"]}
 
 
+COMPILE_TAX_MODELS = ("tiny", "proxy")
+COMPILE_TAX_MBS = 8
+
+
 def compile_tax(ctx: Context) -> list[Row]:
+    """Per model (`--model`, default tiny and proxy at micro-batch 8): the time to the first step with an empty kernel
+    cache, which the run fills, then with that cache copied to another path, as a node it is carried to would get it."""
+    from nam56r.training.kernel_cache import read_manifest, weight_line
+
     require_gpu("compile-tax")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="nam56r-bench-compile-") as tmp:
-        caches = {name: f"{tmp}/{name.lower()}" for name in ("TRITON_CACHE_DIR", "TILELANG_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
-        for variant in ("cold cache", "warm cache"):
-            result = train("proxy", Path(tmp) / variant.replace(" ", "-"), mbs=None, steps=2, env=caches)
-            seconds = result["first_step_s"]
-            rows.append(Row("proxy time to first step", variant, time_ms=None if seconds is None else seconds * 1e3,
-                            extra={"exit": result["exit"], "wall_s": result["wall_s"], "milestones_s": result["milestones_s"],
-                                   "startup_s": result["startup_s"]}))
+    for model in ctx.models or COMPILE_TAX_MODELS:
+        with tempfile.TemporaryDirectory(prefix="nam56r-bench-compile-") as tmp:
+            filled, carried = Path(tmp) / "filled" / "kernel-cache", Path(tmp) / "carried" / "kernel-cache"
+            for variant, cache in (("no kernel cache", filled), ("kernel cache carried", carried)):
+                if cache == carried:
+                    shutil.copytree(filled, carried)
+                result = train(model, Path(tmp) / variant.replace(" ", "-"), mbs=COMPILE_TAX_MBS, steps=2,
+                               options=("--kernel-cache", str(cache), "--dense-warmup-steps", "1"))
+                manifest = read_manifest(cache)
+                seconds = result["first_step_s"]
+                rows.append(Row(f"{model} mbs {COMPILE_TAX_MBS} time to first step", variant,
+                                time_ms=None if seconds is None else seconds * 1e3,
+                                extra={"exit": result["exit"], "wall_s": result["wall_s"], "milestones_s": result["milestones_s"],
+                                       "startup_s": result["startup_s"], "cause": result["cause"],
+                                       "kernel_cache": None if manifest is None else
+                                       {"weight": weight_line(manifest), "total_bytes": manifest.to_json()["total_bytes"]}}))
     return rows

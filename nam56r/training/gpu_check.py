@@ -22,6 +22,9 @@ the host and share the GPU (the largest, the proxy model's forward and backward,
 `--sequential` runs them one after another, for a GPU too small to hold them together. The summary
 (default runs/gpu-check-<time>/summary.json) is rewritten as each part ends, so a check cut short still
 leaves what it found; each part's full output is in a log beside it.
+`--kernel-cache DIR` points every part's Triton, TileLang and Inductor caches into a portable kernel cache
+(nam56r.training.kernel_cache): a cache filled on a node of the same stack serves the check without compiling, an empty
+DIR is filled by it, and one of another stack is refused (exit 2) naming the difference.
 Exit codes: 0 every part that ran passed; 1 a part failed; 2 no CUDA GPU on this host (nothing runs).
 """
 
@@ -48,6 +51,7 @@ from pathlib import Path
 from nam56r_patchlane.errors import PatchlaneError
 
 from nam56r import CHECKOUT_ROOT
+from nam56r.training.kernel_cache import ON_MISMATCH, CacheUse, KernelCacheError, host_key, open_cache, record_fill, weight_line
 from nam56r.training.logged_run import run_logged
 from nam56r.training.recipe import Recipe, RecipeError
 from nam56r.training.resume_check import ResumeCheck, ResumeResult, build_tiny_data, run_resume_check
@@ -75,6 +79,7 @@ class Options:
     echo: bool = True
     concurrent: bool = True  # the parts run at the same time on one GPU
     pack_jobs: int = 3  # packs run side by side within the packs part
+    kernel_cache: CacheUse | None = None  # every part's processes compile into and load from it
 
 
 def cuda_gpu_problem() -> str | None:
@@ -254,6 +259,17 @@ def _stamp(opts: Options) -> dict:
     return {"host": asdict(host_stamp(opts.python)), "commit": commit, "dirty": state.dirty}
 
 
+def _kernel_cache_summary(use: CacheUse | None) -> dict | None:
+    if use is None:
+        return None
+    from nam56r.training.kernel_cache import read_manifest
+
+    manifest = read_manifest(use.directory)
+    return {"directory": str(use.directory), "state": use.state, "message": use.message,
+            "before": {"weight": weight_line(manifest), "total_bytes": manifest.to_json()["total_bytes"],
+                       "key": manifest.to_json()["key"]} if manifest else None}
+
+
 def write_summary(summary: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
@@ -281,6 +297,7 @@ def run_check(opts: Options, command: str = "python -m nam56r.training.gpu_check
     started = time.monotonic()
     summary = {"schema": SCHEMA, "status": "running", "exit_code": None, "command": command, "out_dir": str(opts.out_dir),
                "started_utc": _now(), "finished_utc": None, "seconds": None, "concurrent": opts.concurrent, **_stamp(opts),
+               "kernel_cache": _kernel_cache_summary(opts.kernel_cache),
                "parts": {name: ({"status": "skipped", "reason": f"--skip-{name}"} if name in opts.skip else {"status": "pending"})
                          for name in PARTS}}
     write_summary(summary, path)
@@ -306,6 +323,9 @@ def run_check(opts: Options, command: str = "python -m nam56r.training.gpu_check
     else:
         for name in to_run:
             run_and_write(name)
+    if opts.kernel_cache is not None and opts.kernel_cache.state != "ignored":
+        manifest = record_fill(opts.kernel_cache.directory, "gpu-check")
+        summary["kernel_cache"]["after"] = {"weight": weight_line(manifest), "total_bytes": manifest.to_json()["total_bytes"]}
     failed = [n for n, p in summary["parts"].items() if p["status"] == "failed"]
     summary.update(status="failed" if failed else "passed", exit_code=EXIT_FAILED if failed else 0, finished_utc=_now(),
                    seconds=round(time.monotonic() - started, 1))
@@ -363,6 +383,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pack-jobs", type=int, default=3, metavar="N", help="packs run side by side in the packs part (default: 3)")
     parser.add_argument("--sequential", action="store_true",
                         help="run the parts one after another (default: at the same time, sharing the GPU; about 50 GiB at peak)")
+    parser.add_argument("--kernel-cache", type=Path, metavar="DIR",
+                        help="a portable compiled-kernel cache (`nox -s prewarm`) every part loads kernels from and compiles new "
+                             "ones into; an empty or new DIR is filled by this check; one of another stack is refused, naming "
+                             "the difference")
+    parser.add_argument("--kernel-cache-mismatch", choices=ON_MISMATCH, default="refuse",
+                        help="a --kernel-cache of another stack: refuse (default, exit 2) or ignore it, saying so")
     parser.add_argument("megatron_flags", nargs="*", help="extra Megatron flags for both training runs, after `--`")
     return parser.parse_args(argv)
 
@@ -409,6 +435,15 @@ def main(argv: list[str] | None = None) -> int:
     if problem := cuda_gpu_problem():
         print(f"error: gpu-check needs a CUDA GPU: {problem}", file=sys.stderr)
         return EXIT_NO_GPU
+    if args.kernel_cache is not None:
+        try:
+            use = open_cache(args.kernel_cache, host_key(opts.python), args.kernel_cache_mismatch)
+        except KernelCacheError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"gpu-check: {use.message}", flush=True)
+        os.environ.update(use.env)  # every part's processes inherit it
+        opts = dataclasses.replace(opts, kernel_cache=use)
     print(f"gpu-check: summary {opts.out_dir / 'summary.json'}", flush=True)
     summary = run_check(opts, " ".join(["python -m nam56r.training.gpu_check", *(sys.argv[1:] if argv is None else argv)]))
     print(report(summary))

@@ -48,6 +48,7 @@ from nam56r.training.flags import (
     refused_flags,
     transformer_config_from_args,
 )
+from nam56r.training.kernel_cache import KernelCacheChoice, KernelCacheError, record_fill
 from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
 from nam56r.training.launch_gate import LaunchGate
 from nam56r.training.phases import DsaPhases
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return run(args, extra)
-    except (TrainError, RecipeError, LaunchError) as exc:
+    except (TrainError, RecipeError, LaunchError, KernelCacheError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -264,6 +265,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     run_paths = choose_run_paths(args, recipe)
     megatron_argv = megatron_flags(recipe, model, data.paths, run_paths, backend) + extra
     env = launch_env(args)
+    kernel_cache = KernelCacheChoice.from_launcher(args.kernel_cache, args.kernel_cache_mismatch,
+                                                  planned_only=bool(args.dry_run or args.slurm_script))
+    env |= kernel_cache.env
     rendezvous = Rendezvous(args.rdzv_endpoint, args.node_rank) if args.rdzv_endpoint else None
     cmd = torchrun_command(recipe, megatron_argv, run_paths.layout.logs, rendezvous) if not args.slurm_script else []
 
@@ -281,10 +285,15 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     print(f"DSA phases: {recipe.dsa_phases.describe()}")
     print(f"data: {data.note}")
     print(f"data checked: {checked}")
+    if kernel_cache.note:
+        print(f"kernel cache: {kernel_cache.note}")
     print(
         f"run dir: {run_paths.run_dir}; checkpoints: " + (f"save {run_paths.save}" if run_paths.save else "none (--no-save)")
         + (f", resume from {run_paths.load}" if run_paths.load else "")
     )
+    if args.slurm_script and args.kernel_cache:
+        raise TrainError("--kernel-cache is for runs this launcher starts; in a Slurm job export TRITON_CACHE_DIR, "
+                         "TILELANG_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR to the cache's triton/, tilelang/ and inductor/ yourself")
     if args.slurm_script or args.dry_run:
         report = _checks(megatron_argv, recipe, model, backend_problem, args.dry_run)
     if args.slurm_script:
@@ -303,8 +312,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     print(shell_line(env, cmd))
     if args.dry_run:
         return _dry_run_status(report)
-    return _launch(cmd, env, run_paths, lambda: _prepare(megatron_argv, recipe, model, backend_problem, data, run_paths, cmd, env),
-                   node_rank=args.node_rank, summarize=lambda: _summarize(run_paths, model, recipe))
+    return _launch(cmd, env, run_paths,
+                   lambda: _prepare(megatron_argv, recipe, model, backend_problem, data, run_paths, cmd, env, kernel_cache),
+                   node_rank=args.node_rank, summarize=lambda: _summarize(run_paths, model, recipe, kernel_cache))
 
 
 def _checks(megatron_argv: list[str], recipe: Recipe, model, backend_problem: str | None, dry_run: bool):
@@ -335,13 +345,16 @@ def _checks(megatron_argv: list[str], recipe: Recipe, model, backend_problem: st
 
 
 def _prepare(megatron_argv: list[str], recipe: Recipe, model, backend_problem: str | None, data: DataChoice,
-             run_paths: RunPaths, cmd: list[str], env: dict[str, str]) -> None:
-    """What a real run needs before its ranks parse a flag: the recipe's kernel shapes, the data checked (or
-    built and checked), the flags and the preflight passed, the run files written (the ranks read the model
-    config)."""
+             run_paths: RunPaths, cmd: list[str], env: dict[str, str], kernel_cache: KernelCacheChoice) -> None:
+    """What a real run needs before its ranks parse a flag: the recipe's kernel shapes, the kernel cache's key
+    checked, the data checked (or built and checked), the flags and the preflight passed, the run files written
+    (the ranks read the model config)."""
     if problems := recipe.kernel_problems():
         raise RecipeError(recipe.name, problems)
     mark("launcher: kernel shapes checked")
+    if kernel_cache.check_at_launch:
+        print(f"kernel cache: {kernel_cache.open().message}")
+        mark("launcher: kernel cache checked")
     if data.ready:
         print(f"data checked: {check_data_or_refuse(data, model.vocab_size)}")
         mark("launcher: data checked")
@@ -409,8 +422,12 @@ def _ensure_data(data: DataChoice, vocab_size: int) -> None:
     print(f"data checked: {check_data_or_refuse(data, vocab_size)}")
 
 
-def _summarize(run: RunPaths, model, recipe: Recipe) -> None:
+def _summarize(run: RunPaths, model, recipe: Recipe, kernel_cache: KernelCacheChoice = KernelCacheChoice()) -> None:
+    from nam56r.training.kernel_cache_cli import fill_label
     from nam56r.training.runlog import summarize_run
+
+    if kernel_cache.env:
+        record_fill(kernel_cache.directory, fill_label(recipe.name, recipe.micro_batch, model.seq_length))
 
     summary = summarize_run(run.layout.tensorboard, model, model.seq_length, recipe.world_size, run.run_dir)
     print(f"summary: {run.layout.summary}; plot: {run.layout.plot}")

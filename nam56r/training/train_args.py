@@ -16,6 +16,7 @@ from nam56r.model.config import (
     ROUTER_GATING_PATHS,
 )
 from nam56r.model.presets import PRESETS
+from nam56r.training.kernel_cache import ON_MISMATCH
 from nam56r.training.recipe import RECIPES, LinearCE, Recompute
 
 
@@ -120,6 +121,14 @@ def parse_args(argv: list[str] | None, description: str) -> tuple[argparse.Names
                                "(nam56r.training.resume_layout)")
     io_group.add_argument("--no-save", action="store_true", help="write no checkpoint (throughput runs); refused with --save")
     io_group.add_argument("--run-dir", type=Path, help="logs, events, summary and plot (default runs/<recipe>-<time>)")
+    io_group.add_argument("--kernel-cache", type=Path, metavar="DIR",
+                          help="a portable compiled-kernel cache (`nox -s prewarm`): its Triton and TileLang kernels load "
+                               "instead of compiling, and new ones are added; an empty or new DIR is filled by this run. A DIR "
+                               "filled on another stack (GPU architecture, driver, CUDA, python, torch, triton, tilelang) is "
+                               "refused, naming the difference (nam56r.training.kernel_cache)")
+    io_group.add_argument("--kernel-cache-mismatch", choices=ON_MISMATCH, default="refuse",
+                          help="a --kernel-cache of another stack: refuse the launch (default), or ignore the cache, saying so, "
+                               "and compile into the compilers' default caches")
     multi = parser.add_argument_group("several nodes")
     multi.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0 (run the same command on every node)")
     multi.add_argument("--node-rank", type=int, default=0, help="this node's rank, with --rdzv-endpoint")

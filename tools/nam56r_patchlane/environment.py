@@ -223,6 +223,7 @@ def install_upstream(target: Target, upstream: Upstream, tree_path: Path, artifa
     if upstream.install == "wheel":
         assert artifact is not None
         pip_install(target, ["--no-deps", "--force-reinstall", str(artifact)], what=upstream.requirement)
+        restore_wheel_mtimes(target, upstream.pypi, artifact)
         return
     # setuptools-scm would read a version off our tree's git history; the release's own is the truth.
     env = {**upstream.env_for(profile), "SETUPTOOLS_SCM_PRETEND_VERSION": upstream.version}
@@ -230,6 +231,34 @@ def install_upstream(target: Target, upstream: Upstream, tree_path: Path, artifa
     if upstream.ignore_requires_python:
         args.append("--ignore-requires-python")
     pip_install(target, [*args, "-e", str(tree_path)], env=env, what=f"-e {tree_path}")
+
+
+# Run in the target: each installed file of the distribution gets its wheel entry's timestamp (read as UTC).
+_RESTORE_MTIMES = r"""
+import calendar, importlib.metadata, json, os, sys, zipfile
+wheel, name = sys.argv[1:3]
+with zipfile.ZipFile(wheel) as archive:
+    stamps = {i.filename: calendar.timegm(i.date_time + (0, 0, 0)) for i in archive.infolist()}
+restored = 0
+for file in importlib.metadata.distribution(name).files or ():
+    when, path = stamps.get(file.as_posix()), file.locate()
+    if when is not None and os.path.isfile(path):
+        os.utime(path, (when, when))
+        restored += 1
+print(json.dumps(restored))
+"""
+
+
+def restore_wheel_mtimes(target: Target, distribution: str, wheel: Path) -> int:
+    """Give the installed files of `distribution` the timestamps their entries carry in `wheel`; the number set.
+    pip writes them at install time, and TileLang's kernel-cache key stamps libtilelang.so's mtime: with the wheel's
+    own timestamps, every node built from the same wheel keys its compiled kernels alike, so a kernel cache filled on
+    one node serves the others (nam56r.training.kernel_cache)."""
+    proc = subprocess.run([target.python, "-c", _RESTORE_MTIMES, str(wheel), distribution], capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise PatchlaneError(f"could not give {distribution}'s installed files the timestamps of {wheel.name}: {last}")
+    return int(proc.stdout)
 
 
 def is_installed(probe_result: Probe, upstream: Upstream, tree_path: Path) -> bool:
