@@ -22,6 +22,7 @@ from nam56r.training.flags import (
     transformer_config_from_args,
 )
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
+from nam56r.training.train import main as train_main
 
 LAYOUT = DataDir(Path("/data"))
 DATA = DataPaths(LAYOUT.train_prefix, LAYOUT.valid_prefix, LAYOUT.tokenizer_dir)
@@ -99,6 +100,39 @@ def test_recipe_refuses(overrides, fragment):
     with pytest.raises(RecipeError, match=fragment):
         get_recipe("proxy-1gpu", **overrides)
 
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "data_parallel", "refused"),
+    [
+        ("h200x8-bf16", {"micro_batch": 2, "global_batch": 24}, 8, True),  # 24 is a multiple of 2, not of 2 x 8
+        ("h200x8-bf16", {"micro_batch": 2, "global_batch": 32}, 8, False),
+        ("h200x8-bf16", {"micro_batch": 2, "global_batch": 24, "pp": 2}, 4, False),  # tp*pp ranks share a data replica
+        ("h200x2-ep2", {"micro_batch": 2, "global_batch": 6}, 2, True),
+        ("tiny-1gpu", {"micro_batch": 2, "global_batch": 24, "gpus_per_node": 8}, 8, True),
+    ],
+)
+def test_global_batch_is_a_multiple_of_micro_batch_times_data_parallel(name, overrides, data_parallel, refused):
+    """Each step takes micro_batch sequences on every data-parallel rank: global_batch must be a multiple of both."""
+    recipe = replace(RECIPES[name](), **overrides)
+    assert recipe.data_parallel == data_parallel
+    if not refused:
+        assert recipe.check(kernels=False) is recipe
+        return
+    with pytest.raises(RecipeError) as err:
+        get_recipe(name, kernels=False, **overrides)
+    micro, gbs = overrides["micro_batch"], overrides["global_batch"]
+    assert err.value.problems == [
+        f"global_batch {gbs} is not a multiple of micro_batch x data-parallel = {micro} x {data_parallel}"]
+
+
+def test_the_launcher_refuses_a_global_batch_short_of_the_data_parallel_ranks(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["--recipe", "tiny-1gpu", "--dry-run", "--gpus-per-node", "8", "--mbs", "2", "--gbs", "24", "--run-dir", str(tmp_path)]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = train_main(argv)
+    assert code == 2, out.getvalue() + err.getvalue()
+    assert "global_batch 24 is not a multiple of micro_batch x data-parallel = 2 x 8" in err.getvalue()
 
 def test_recipe_reports_every_problem_at_once():
     with pytest.raises(RecipeError) as err:

@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nam56r.training.run_faults import iteration_checkpoint, tracked_checkpoint
+
 WORKER = Path(__file__).with_name("checkpoint_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -87,6 +89,25 @@ def test_the_tracker_is_the_last_file_a_save_writes(saved_then_killed) -> None:
     written_before_tracker = {p.replace(".metadata.tmp", ".metadata") for p in second[:-1]}
     assert files <= written_before_tracker, f"files of iter_0000002 not written before the tracker: {files - written_before_tracker}"
     assert (root / "complete" / TRACKER).read_text().strip() == "2"
+    assert tracked_checkpoint(root / "complete") == iteration_checkpoint(root / "complete", 2) == root / "complete" / "iter_0000002"
+
+
+@pytest.mark.parametrize("iteration", [1, 10, 1234567, 12345678])
+def test_the_checkpoint_directory_is_megatrons_iter_name(megatron_built, tmp_path, iteration) -> None:
+    """The resume check and the saved-layout probe find checkpoints by Megatron's `iter_%07d` directory name."""
+    from megatron.training.checkpointing import get_checkpoint_name
+
+    megatron_dir = Path(get_checkpoint_name(str(tmp_path), iteration, return_base_dir=True))
+    assert iteration_checkpoint(tmp_path, iteration) == megatron_dir
+    assert megatron_dir.name == f"iter_{iteration:07d}"
+    (tmp_path / TRACKER).write_text(f"{iteration}\n")
+    assert tracked_checkpoint(tmp_path) == megatron_dir
+
+
+def test_the_checkpoint_of_iteration_10_is_iter_0000010(tmp_path) -> None:
+    assert iteration_checkpoint(tmp_path, 10) == tmp_path / "iter_0000010"
+    (tmp_path / TRACKER).write_text("10\n")
+    assert tracked_checkpoint(tmp_path) == tmp_path / "iter_0000010"
 
 
 @pytest.mark.parametrize("point", ["metadata", "tracker"])
