@@ -8,6 +8,7 @@
   nox -s prewarm -- ARGS    a portable compiled-kernel cache for recipes (python -m nam56r.training.kernel_cache_cli prewarm ARGS)
   nox -s gpu-check -- ARGS  a GPU node's acceptance check (python -m nam56r.training.gpu_check): GPU tests, GPU packs, tiny train + resume
   nox -s lint               ruff
+  nox -s mutants -- NAMES   mutation testing of the patch lane's and the recipe's checks (mutmut.toml); on demand, not in CI
   nox -s patches -- CMD     the patch-lane CLI (tools/apply_patches.py CMD), e.g. `-- status`, `-- check`
   nox -s packs -- CMD       the filing-pack CLI (tools/packs.py CMD), e.g. `-- list`, `-- run ID`, `-- waves`
 
@@ -22,6 +23,8 @@ One build at a time writes the checkout: a second waits for the first, naming it
 
 from __future__ import annotations
 
+import fnmatch
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -43,6 +46,9 @@ TOOL_REQUIREMENTS = _NOX["tool"]
 FORMATTERS = _NOX["formatters"]
 TEST_REQUIREMENTS = _NOX["tests"]
 INTERPRETER_REQUIREMENTS = _NOX["interpreter"]
+# `nox -s mutants` only, on demand: kept out of the lock's [nox] table so that offline caches need not carry it.
+# mutmut 3.8 supports Python 3.10 to 3.14.
+MUTATION_REQUIREMENTS = ["mutmut==3.8.1"]
 # The training extras, read from pyproject.toml so the list lives in one place.
 TRAIN_REQUIREMENTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
 
@@ -129,6 +135,45 @@ def lint(session: nox.Session) -> None:
     """ruff over our code (third_party/ excluded)."""
     session.install("ruff")
     session.run("ruff", "check", ".")
+
+
+# mutmut names a mutant by its file's path under src/, which must be the import name: the session runs in a stage
+# whose src/ links the two import roots in, beside the tests, with mutmut.toml as its pyproject.toml.
+MUTATION_STAGE = ROOT / "build" / "mutation"
+MUTATION_LINKS = {"src/nam56r_patchlane": "tools/nam56r_patchlane", "src/nam56r": "nam56r", "tests": "tests",
+                  "kernels": "kernels", "bench": "bench", "mutants/third_party": "third_party"}
+# The recipe's checks, not its presets or lowering; every function of the patch-lane modules mutmut.toml names.
+MUTANTS = ("nam56r_patchlane.*", "nam56r.training.recipe.xǁRecipeǁcheck__mutmut_*",
+           "nam56r.training.recipe.x_recompute_problems__mutmut_*", "nam56r.training.recipe.x__dense_warmup_problems__mutmut_*",
+           "nam56r.training.recipe.x__recall_layer_problems__mutmut_*")
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """mutmut over the patch lane's apply, artifact, cache-manifest, scrub and pack-verdict modules and the recipe's
+    checks, each against the tests that cover it (mutmut.toml); prints killed / total and the survivors. `-- NAMES`
+    runs only the mutants matching those mutmut names (globs)."""
+    _build(session)
+    _venv_install(session, *TEST_REQUIREMENTS, *TRAIN_REQUIREMENTS, *INTERPRETER_REQUIREMENTS, *MUTATION_REQUIREMENTS)
+    MUTATION_STAGE.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ROOT / "mutmut.toml", MUTATION_STAGE / "pyproject.toml")
+    for link, target in MUTATION_LINKS.items():
+        path = MUTATION_STAGE / link
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_symlink():
+            path.symlink_to(ROOT / target)
+    session.chdir(MUTATION_STAGE)
+    names = session.posargs or MUTANTS
+    session.run(str(VENV_PYTHON), "-m", "mutmut", "run", *names, external=True, success_codes=[0, 1])
+    listing = session.run(str(VENV_PYTHON), "-m", "mutmut", "results", "--all", "true", external=True, silent=True) or ""
+    status = dict(line.strip().rsplit(": ", 1) for line in listing.splitlines() if line.startswith("    "))
+    status = {name: s for name, s in status.items() if any(fnmatch.fnmatchcase(name, pattern) for pattern in names)}
+    checked = {name: s for name, s in status.items() if s not in ("not checked", "skipped")}
+    killed = [name for name, s in checked.items() if s in ("killed", "timeout", "caught by type check")]
+    survivors = sorted(name for name in checked if name not in killed)
+    for name in survivors:
+        session.log(f"  {checked[name]}: {name}  (`mutmut show {name}` in {MUTATION_STAGE})")
+    session.log(f"mutation score: {len(killed)} of {len(checked)} mutants killed ({len(survivors)} survived or untested)")
 
 
 @nox.session
