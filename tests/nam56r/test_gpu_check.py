@@ -289,7 +289,7 @@ def test_parts_run_at_the_same_time_unless_sequential(tmp_path: Path, monkeypatc
     Every part's result lands in the summary on disk, in the parts' order."""
     import threading
 
-    from nam56r.training import gpu_check
+    from nam56r.training.gpu_check import runner
 
     meeting = threading.Barrier(2, timeout=2 if not concurrent else 30)
 
@@ -306,8 +306,8 @@ def test_parts_run_at_the_same_time_unless_sequential(tmp_path: Path, monkeypatc
         return {"status": "passed", "packs": [{"pack": "12-timed", "verdict": "passed"}], "records": [], "problems": [],
                 "command": ["packs", "run", "--alone", "only"], "exit_code": 0, "log": "packs-alone.log", "report": "packs-alone.json"}
 
-    monkeypatch.setattr(gpu_check, "PART_RUNNERS", {"tests": meets("tests"), "packs": meets("packs"), "train": meets("train"),
-                                                    "packs-alone": packs_alone})
+    monkeypatch.setattr(runner, "PART_RUNNERS", {"tests": meets("tests"), "packs": meets("packs"), "train": meets("train"),
+                                                 "packs-alone": packs_alone})
     opts = Options(out_dir=tmp_path / "out", skip=frozenset({"train"}), echo=False, concurrent=concurrent)
 
     summary = run_check(opts)
