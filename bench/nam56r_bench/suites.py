@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nam56r_bench import kernel_suite, tooling_suite, training_suites
+from nam56r_bench import compile_tax_suite, kernel_suite, tooling_suite, training_suites
 from nam56r_bench.harness import Suite
 
 SUITES = {
@@ -16,6 +16,7 @@ SUITES = {
               True, training_suites.train_step),
         Suite("microbatch", "largest micro-batch that trains at sequence 4096, proxy and full, fused vs upstream LM-head/MTP CE",
               True, training_suites.microbatch),
-        Suite("compile-tax", "time to the first step without and with a carried kernel cache (tiny, proxy; mbs 8)", True, training_suites.compile_tax),
+        Suite("compile-tax", "time to the first step without and with a carried kernel cache (tiny, proxy; mbs 8)", True,
+              compile_tax_suite.compile_tax),
     )
 }

@@ -15,9 +15,9 @@
   `--recompute`; `each` is `RECOMPUTE_SETTINGS`), on the default CE path: the micro-batch and TFLOP/s per switch.
   Before a model's search its Mamba-3 MIMO kernels are compiled for `--prewarm-mbs` sizes in parallel
   (`nam56r.training.kernel_prewarm`), as they are compiled per micro-batch size.
-- ``compile-tax``: wall time to the first logged step of tiny and proxy at micro-batch 8 with an empty portable kernel
-  cache (`--kernel-cache`, nam56r.training.kernel_cache), which that run fills, then with the filled cache copied to
-  another path, as a node it is carried to gets it: the first step a fresh node pays, with and without a carried cache.
+
+The micro-batch search itself is `nam56r_bench.microbatch_search`; ``compile-tax`` runs through `train` here from
+`nam56r_bench.compile_tax_suite`.
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +39,7 @@ from nam56r.training.runlog import headline
 from nam56r.training.startup_marks import MARK as STARTUP_MARK
 from nam56r.training.startup_marks import STARTUP_T0_ENV, read_marks
 from nam56r_bench.harness import BenchError, Context, Row, cuda_time_ms, require_gpu
+from nam56r_bench.microbatch_search import describe_attempt, failure_reason, largest_micro_batch, try_outcome
 from nam56r_bench.profile_trace import profile_breakdown
 
 
@@ -277,7 +276,7 @@ def microbatch(ctx: Context) -> list[Row]:
                 def try_mbs(mbs: int, recipe: str = recipe, side: int = side, variant: str = variant,
                             options: tuple[str, ...] = options) -> dict:
                     result = train(recipe, Path(tmp) / f"{recipe}-v{side}-mbs{mbs}", mbs=mbs, steps=3, options=options)
-                    print(f"[microbatch] {recipe} · {variant} · mbs {mbs}: {describe_attempt(_attempt(result))}", flush=True)
+                    print(f"[microbatch] {recipe} · {variant} · mbs {mbs}: {describe_attempt(try_outcome(result))}", flush=True)
                     return result
 
                 fits, tried = largest_micro_batch(try_mbs, quick=ctx.quick, capacity_gib=capacity)
@@ -306,114 +305,8 @@ def prewarm(recipe: str, sizes: tuple[int, ...]) -> float:
     return time.perf_counter() - start
 
 
-def describe_attempt(attempt: dict) -> str:
-    """One line for a micro-batch try: what it reached, or the line that stopped it."""
-    if "error" in attempt:
-        return f"exit {attempt['exit']}: {attempt['error'].splitlines()[-1][:200]}"
-    return (f"trains, peak {attempt['peak_memory_gib']:.1f} GiB, {attempt['tflops_per_s_per_gpu']:.1f} TFLOP/s/GPU, "
-            f"first step after {attempt['first_step_s'] or float('nan'):.0f} s")
-
-
-def largest_micro_batch(try_mbs: Callable[[int], dict], *, quick: bool = False, limit: int = 64,
-                        capacity_gib: float | None = None) -> tuple[int, dict[int, dict]]:
-    """(the largest micro-batch whose `try_mbs` run exits 0, what each try showed). Micro-batches 1 and 2 first;
-    then, with the GPU's `capacity_gib`, the largest micro-batch a straight line through the two largest fitting
-    tries' peak memory predicts (`predicted_largest`), else doubling; once a try fails, bisection between the
-    last fit and the first failure. The answer is always bounded by a try that fits and the next size failing
-    (or `limit`); the prediction only picks which sizes to try. 0 when micro-batch 1 fails."""
-    fits, fails, tried = 0, None, {}
-    mbs = 1
-    while fails is None or fails - fits > 1:
-        result = try_mbs(mbs)
-        tried[mbs] = _attempt(result)
-        if result["exit"] == 0:
-            fits = mbs
-        else:
-            fails = mbs
-            if fits == 0:
-                break
-        if quick and fits >= 2:
-            break
-        if fails is not None:
-            mbs = (fits + fails) // 2
-        else:
-            guess = predicted_largest(tried, capacity_gib) if fits >= 2 else None
-            mbs = fits * 2 if guess is None else max(min(guess, limit), fits + 1)
-        if mbs > limit:
-            break
-    return fits, tried
-
-
-# The share of the GPU's memory a predicted micro-batch may fill: the peak counts allocated tensors, not the
-# allocator's fragmentation or the CUDA context.
-PREDICTION_HEADROOM = 0.95
-
-
-def predicted_largest(tried: dict[int, dict], capacity_gib: float | None) -> int | None:
-    """The largest micro-batch whose peak memory, on the line through the two largest fitting tries' peaks, stays
-    within PREDICTION_HEADROOM of `capacity_gib`; None without a capacity, two fitting tries with peaks, or a
-    peak that grows with the micro-batch."""
-    points = sorted((mbs, t["peak_memory_gib"]) for mbs, t in tried.items() if t["exit"] == 0 and t.get("peak_memory_gib"))
-    if capacity_gib is None or len(points) < 2:
-        return None
-    (m0, p0), (m1, p1) = points[-2], points[-1]
-    per_sample = (p1 - p0) / (m1 - m0)
-    if per_sample <= 0:
-        return None
-    return int(m1 + (capacity_gib * PREDICTION_HEADROOM - p1) // per_sample)
-
-
 def gpu_capacity_gib() -> float:
     """The memory of this machine's GPU 0, GiB."""
     import torch
 
     return torch.cuda.get_device_properties(0).total_memory / 2**30
-
-
-def failure_reason(result: dict) -> str:
-    """Why a `train` run stopped: the first exception a rank printed, else an out-of-memory line in the log's tail,
-    else the ranks' last lines, else the tail's last lines."""
-    if result.get("cause"):
-        return result["cause"][-400:]
-    reason = next((line for line in reversed(result["tail"]) if "OutOfMemoryError" in line or "out of memory" in line), None)
-    return (reason or "\n".join(result.get("rank_tail") or result["tail"][-5:]))[-400:]
-
-
-def _attempt(result: dict) -> dict:
-    """What one micro-batch try shows: its exit code, peak memory and speed when it trained, or why it stopped."""
-    summary = result["summary"]
-    if summary is None:
-        return {"exit": result["exit"], "error": failure_reason(result)}
-    figures = headline(summary)
-    return {"exit": result["exit"], "peak_memory_gib": figures.peak_memory_gib, "tflops_per_s_per_gpu": figures.tflops_per_s_per_gpu,
-            "first_step_s": result["first_step_s"]}
-
-
-COMPILE_TAX_MODELS = ("tiny", "proxy")
-COMPILE_TAX_MBS = 8
-
-
-def compile_tax(ctx: Context) -> list[Row]:
-    """Per model (`--model`, default tiny and proxy at micro-batch 8): the time to the first step with an empty kernel
-    cache, which the run fills, then with that cache copied to another path, as a node it is carried to would get it."""
-    from nam56r.training.kernel_cache import read_manifest, weight_line
-
-    require_gpu("compile-tax")
-    rows = []
-    for model in ctx.models or COMPILE_TAX_MODELS:
-        with tempfile.TemporaryDirectory(prefix="nam56r-bench-compile-") as tmp:
-            filled, carried = Path(tmp) / "filled" / "kernel-cache", Path(tmp) / "carried" / "kernel-cache"
-            for variant, cache in (("no kernel cache", filled), ("kernel cache carried", carried)):
-                if cache == carried:
-                    shutil.copytree(filled, carried)
-                result = train(model, Path(tmp) / variant.replace(" ", "-"), mbs=COMPILE_TAX_MBS, steps=2,
-                               options=("--kernel-cache", str(cache), "--dense-warmup-steps", "1"))
-                manifest = read_manifest(cache)
-                seconds = result["first_step_s"]
-                rows.append(Row(f"{model} mbs {COMPILE_TAX_MBS} time to first step", variant,
-                                time_ms=None if seconds is None else seconds * 1e3,
-                                extra={"exit": result["exit"], "wall_s": result["wall_s"], "milestones_s": result["milestones_s"],
-                                       "startup_s": result["startup_s"], "cause": result["cause"],
-                                       "kernel_cache": None if manifest is None else
-                                       {"weight": weight_line(manifest), "total_bytes": manifest.to_json()["total_bytes"]}}))
-    return rows

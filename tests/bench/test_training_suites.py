@@ -11,19 +11,15 @@ from pathlib import Path
 
 import pytest
 from nam56r_bench.harness import BenchError, Context
+from nam56r_bench.microbatch_search import describe_attempt, failure_reason, largest_micro_batch, predicted_largest, try_outcome
 from nam56r_bench.profile_trace import TRACE_GLOB, profile_breakdown, profile_step
 from nam56r_bench.training_suites import (
     CE_PATHS,
     LINEAR_CE_PATHS,
     RECIPES,
     RECOMPUTE_SETTINGS,
-    _attempt,
-    describe_attempt,
-    failure_reason,
-    largest_micro_batch,
     microbatch_variants,
     models,
-    predicted_largest,
     prewarm_command,
     recompute_settings,
     run_settings,
@@ -125,7 +121,7 @@ def test_bench_training_runs_save_no_checkpoint(recipe: str, global_batch: int, 
 
 def test_a_micro_batch_try_reads_a_real_run_summary() -> None:
     summary = json.loads((ROOT / "docs" / "train" / "proxy-1gpu-h200.json").read_text())
-    tried = _attempt({"exit": 0, "summary": summary, "first_step_s": 202.0, "tail": []})
+    tried = try_outcome({"exit": 0, "summary": summary, "first_step_s": 202.0, "tail": []})
     assert tried == {"exit": 0, "peak_memory_gib": summary["peak_memory"]["gib"],
                      "tflops_per_s_per_gpu": summary["median_over_window"]["tflops_per_s_per_gpu"], "first_step_s": 202.0}
     assert 60 < tried["peak_memory_gib"] < 70
@@ -135,9 +131,9 @@ def test_a_micro_batch_try_reads_a_real_run_summary() -> None:
 
 def test_a_micro_batch_try_that_ran_out_of_memory_says_so() -> None:
     tail = ["[default0]: step 1", "[default0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB", "exit"]
-    assert _attempt({"exit": 1, "summary": None, "first_step_s": None, "tail": tail}) == {
+    assert try_outcome({"exit": 1, "summary": None, "first_step_s": None, "tail": tail}) == {
         "exit": 1, "error": "[default0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"}
-    assert describe_attempt(_attempt({"exit": 1, "summary": None, "first_step_s": None, "tail": tail})) == (
+    assert describe_attempt(try_outcome({"exit": 1, "summary": None, "first_step_s": None, "tail": tail})) == (
         "exit 1: [default0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB")
 
 
@@ -374,7 +370,7 @@ def test_a_failed_run_names_the_exception_a_rank_raised_not_torchruns_summary(tm
     assert result["cause"].endswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB")
     assert result["cause"].startswith("[default")
     assert failure_reason(result) == result["cause"]
-    assert _attempt(result)["error"] == result["cause"]
+    assert try_outcome(result)["error"] == result["cause"]
     assert failure_reason({"tail": ["a", "b"]}) == "a\nb"
 
 
