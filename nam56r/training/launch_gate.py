@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from nam56r_patchlane.checkout_lock import process_alive
+
 GATE_ENV = "NAM56R_LAUNCH_GATE"  # the gate file's path
 LAUNCHER_PID_ENV = "NAM56R_LAUNCHER_PID"  # the launcher's process id, on the ranks' node
 GATE_STOPPED_EXIT = 3
@@ -75,7 +77,7 @@ def wait_for_launch(env: Mapping[str, str] = os.environ, poll_s: float = 0.1) ->
     path, launcher = Path(gate), int(env.get(LAUNCHER_PID_ENV, "0"))
     start = time.monotonic()
     while True:
-        launcher_gone = bool(launcher) and not _alive(launcher)
+        launcher_gone = bool(launcher) and not process_alive(launcher)
         if path.exists():  # checked after the launcher: a verdict written just before it exited still counts
             verdict, _, reason = path.read_text().partition("\n")
             if verdict == GO:
@@ -86,13 +88,3 @@ def wait_for_launch(env: Mapping[str, str] = os.environ, poll_s: float = 0.1) ->
         if launcher_gone:
             raise GateStopped(f"the launcher (pid {launcher}) exited without opening the gate {path}")
         time.sleep(poll_s)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

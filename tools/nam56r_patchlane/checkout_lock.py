@@ -66,7 +66,8 @@ def read_holder(path: Path) -> Holder | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host; one of another user counts (signal 0 is refused, not unanswered)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -81,7 +82,7 @@ def _current_holder(path: Path) -> Holder | None:
     so an empty or dead record is read again briefly before giving up on it."""
     for _ in range(10):
         holder = read_holder(path)
-        if holder is not None and _alive(holder.pid):
+        if holder is not None and process_alive(holder.pid):
             return holder
         time.sleep(0.05)
     return None
