@@ -310,22 +310,17 @@ def format_table(breakdown: FlopBreakdown, global_batch_size: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dataclasses import replace
-
-    from nam56r.model.presets import PRESETS, get_preset
+    from nam56r.model.presets import add_preset_options, preset_from_options
 
     parser = argparse.ArgumentParser(
         prog="python -m nam56r.model.flops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model preset")
+    add_preset_options(parser, "model preset")
     parser.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
     parser.add_argument("--global-batch", type=int, default=64, help="sequences per optimizer step, for the per-step total (default 64)")
-    parser.add_argument("--index-cache", choices=("on", "off"), help="override the preset's IndexCache switch")
     parser.add_argument("--json", type=Path, help="also write the breakdown as JSON to this file")
     args = parser.parse_args(argv)
-    config = get_preset(args.preset)
-    if args.index_cache is not None:
-        config = replace(config, index_cache=replace(config.index_cache, enabled=args.index_cache == "on")).validate()
+    config = preset_from_options(args)
     seq = args.seq if args.seq is not None else config.seq_length
     try:
         breakdown = flops_per_token(config, seq)

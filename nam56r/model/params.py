@@ -155,20 +155,15 @@ def compare_with_claims(counts: ParamCounts, claims: dict[str, int]) -> list[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from nam56r.model.presets import ORIGINAL_CLAIMS, PRESETS, get_preset
+    from nam56r.model.presets import ORIGINAL_CLAIMS, add_preset_options, preset_from_options
 
     parser = argparse.ArgumentParser(
         prog="python -m nam56r.model.params", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model preset to count")
-    parser.add_argument("--index-cache", choices=("on", "off"), help="override the preset's IndexCache switch (changes 'active')")
+    add_preset_options(parser, "model preset to count", "changes 'active'")
     parser.add_argument("--json", type=Path, help="also write the counts as JSON to this file")
     args = parser.parse_args(argv)
-    config = get_preset(args.preset)
-    if args.index_cache is not None:
-        from dataclasses import replace
-
-        config = replace(config, index_cache=replace(config.index_cache, enabled=args.index_cache == "on")).validate()
+    config = preset_from_options(args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Megatron's import-time notices about missing TE/Apex
         counts = count_parameters(config)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -91,3 +92,19 @@ def get_preset(name: str, **overrides: object) -> ModelConfig:
         raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
     config = PRESETS[name]()
     return replace(config, **overrides).validate() if overrides else config
+
+
+def add_preset_options(parser: argparse.ArgumentParser, what: str, index_cache_effect: str = "") -> None:
+    """`--preset NAME` (required) and `--index-cache on|off`, as the model's command-line tools take them; `what` the
+    preset is for ("model preset to count"), `index_cache_effect` what the switch changes in that tool's figures."""
+    parser.add_argument("--preset", required=True, choices=sorted(PRESETS), help=what)
+    parser.add_argument("--index-cache", choices=("on", "off"),
+                        help="override the preset's IndexCache switch" + (f" ({index_cache_effect})" if index_cache_effect else ""))
+
+
+def preset_from_options(args: argparse.Namespace) -> ModelConfig:
+    """The preset `add_preset_options` named, with its IndexCache switch overridden when `--index-cache` was given."""
+    config = get_preset(args.preset)
+    if args.index_cache is None:
+        return config
+    return replace(config, index_cache=replace(config.index_cache, enabled=args.index_cache == "on")).validate()
