@@ -104,21 +104,23 @@ class _LocalGroupedExpertsProvider(LocalSpecProvider):
         return partial(GroupedMLPExperts, *sequential.args, **sequential.keywords, fused_activation=self.fused_activation)
 
 
-def _mla_layer(modules: _BackendModules) -> ModuleSpec:
+def _attention_layer(modules: _BackendModules, attention: type, submodules: type, core_attention: object) -> ModuleSpec:
+    """A layer of multi-latent `attention` (Megatron's MLA or its absorbed form, which take the same projections and
+    norms) around `core_attention`."""
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=modules.input_norm,
             self_attention=ModuleSpec(
-                module=MLASelfAttention,
+                module=attention,
                 params={"attn_mask_type": AttnMaskType.causal},
-                submodules=MLASelfAttentionSubmodules(
+                submodules=submodules(
                     linear_q_proj=modules.column,
                     linear_q_down_proj=modules.down_proj,
                     linear_q_up_proj=modules.column,
                     linear_kv_down_proj=modules.down_proj,
                     linear_kv_up_proj=modules.column,
-                    core_attention=modules.core_attention,
+                    core_attention=core_attention,
                     linear_proj=modules.row,
                     q_layernorm=modules.norm,
                     kv_layernorm=modules.norm,
@@ -127,6 +129,10 @@ def _mla_layer(modules: _BackendModules) -> ModuleSpec:
             self_attn_bda=get_bias_dropout_add,
         ),
     )
+
+
+def _mla_layer(modules: _BackendModules) -> ModuleSpec:
+    return _attention_layer(modules, MLASelfAttention, MLASelfAttentionSubmodules, modules.core_attention)
 
 
 def _dsa_layer(modules: _BackendModules, config: ModelConfig, plan: IndexCachePlan | None, cache: TopkCache | None) -> ModuleSpec:
@@ -146,28 +152,7 @@ def _dsa_layer(modules: _BackendModules, config: ModelConfig, plan: IndexCachePl
             )
         ),
     )
-    return ModuleSpec(
-        module=TransformerLayer,
-        submodules=TransformerLayerSubmodules(
-            input_layernorm=modules.input_norm,
-            self_attention=ModuleSpec(
-                module=AbsorbedMLASelfAttention,
-                params={"attn_mask_type": AttnMaskType.causal},
-                submodules=AbsorbedMLASelfAttentionSubmodules(
-                    linear_q_proj=modules.column,
-                    linear_q_down_proj=modules.down_proj,
-                    linear_q_up_proj=modules.column,
-                    linear_kv_down_proj=modules.down_proj,
-                    linear_kv_up_proj=modules.column,
-                    core_attention=core_attention,
-                    linear_proj=modules.row,
-                    q_layernorm=modules.norm,
-                    kv_layernorm=modules.norm,
-                ),
-            ),
-            self_attn_bda=get_bias_dropout_add,
-        ),
-    )
+    return _attention_layer(modules, AbsorbedMLASelfAttention, AbsorbedMLASelfAttentionSubmodules, core_attention)
 
 
 def moe_layer_spec(config: ModelConfig, backend: Backend, experts: MoEExperts = "grouped") -> ModuleSpec:
