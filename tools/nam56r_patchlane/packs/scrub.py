@@ -32,6 +32,14 @@ _BUCKET = re.compile(
     re.I,
 )
 _BRANCH = re.compile(r"(?<![\w/.-])(?:internal|private|wip|users?|feature|hotfix|exp|experiment)/[\w.-]+")
+# What each match of these is, in the order a line's findings list them.
+_NAMES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("internal host name", _INTERNAL_HOST),
+    ("host name", _NODE_NAME),
+    ("private path", _PATHS),
+    ("bucket URL", _BUCKET),
+    ("non-public branch name", _BRANCH),
+)
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _MENTION = re.compile(r"(?<![\w@/.`])@([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))\b(?!\.[A-Za-z_])")  # @pkg.decorator is code
 _DECORATOR_LINE = re.compile(r"^\s*@[\w.]+(\(.*\))?\s*(#.*)?$")
@@ -105,16 +113,9 @@ def scan_text(text: str, where: str, config: ScrubConfig) -> list[Finding]:
         for m in _IPV6.finditer(line):  # two hex groups at least: `x[::17]` is a slice
             if _is_ip(m.group(1)) and sum(1 for g in m.group(1).split(":") if g) >= 2:
                 add("IP address", m.group(1))
-        for m in _INTERNAL_HOST.finditer(line):
-            add("internal host name", m.group(0))
-        for m in _NODE_NAME.finditer(line):
-            add("host name", m.group(0))
-        for m in _PATHS.finditer(line):
-            add("private path", m.group(0))
-        for m in _BUCKET.finditer(line):
-            add("bucket URL", m.group(0))
-        for m in _BRANCH.finditer(line):
-            add("non-public branch name", m.group(0))
+        for kind, pattern in _NAMES:
+            for m in pattern.finditer(line):
+                add(kind, m.group(0))
         for m in _EMAIL.finditer(line):
             if m.group(0).lower() not in authors and not m.group(0).lower().endswith((".invalid", "@example.com")):
                 add("e-mail address of someone not listed as an author", m.group(0))
