@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nam56r.training.recipe import settings_of
 from nam56r.training.run_dir import RunDir
 from nam56r.training.runlog import headline
 from nam56r.training.startup_marks import MARK as STARTUP_MARK
@@ -227,19 +228,14 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
                extra=extra)
 
 
-# The recipe fields a train-step row names (recipe.json's keys).
-RUN_SETTINGS = ("micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "expert_activation", "router_gating", "moe_routing",
-                "residual_norm", "index_cache", "recompute", "overlap_dp_comm", "moe_shared_expert_overlap", "backend")
-
-
 def run_settings(run_dir: Path) -> dict:
-    """The settings a row's speed depends on, from the recipe the launcher wrote into the run directory (what
-    the run trained with, defaults included); {} when the run wrote none."""
+    """The settings a row's speed depends on (those declared `recorded`, nam56r.training.recipe_settings), from the
+    recipe the launcher wrote into the run directory (what the run trained with, defaults included); {} when the run
+    wrote none."""
     recipe_file = RunDir(run_dir).recipe
     if not recipe_file.exists():
         return {}
-    recipe = json.loads(recipe_file.read_text())
-    return {key: recipe[key] for key in RUN_SETTINGS if key in recipe}
+    return settings_of(json.loads(recipe_file.read_text()))
 
 
 # The LM head's and MTP heads' loss paths the microbatch suite compares in one build (the launcher's --linear-ce,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r.training.arg_types import positive_int
+from nam56r.training.recipe import settings_of
 from nam56r.training.run_dir import RunDir
 
 
@@ -40,7 +41,9 @@ def read_run(summary_path: Path, label: str) -> RunCurves:
     if not series["lm_loss"]:
         raise ValueError(f"{summary_path}: its run logged no 'lm loss'")
     recipe_file = RunDir(summary_path.parent).recipe
-    warmup = json.loads(recipe_file.read_text())["dsa_phases"]["dense_warmup_steps"] if recipe_file.is_file() else None
+    warmup = None  # no recipe.json beside the summary
+    if recipe_file.is_file():
+        warmup = settings_of(json.loads(recipe_file.read_text()), ("dense_warmup_steps",))["dense_warmup_steps"]
     return RunCurves(
         label=label,
         lm_loss=[(int(s), float(v)) for s, v in series["lm_loss"] if v is not None],

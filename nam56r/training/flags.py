@@ -27,6 +27,7 @@ from nam56r.model.linear_cross_entropy import CHUNKED_LINEAR_CE
 from nam56r.model.megatron_fields import architecture_flags
 from nam56r.training.recipe import Recipe
 from nam56r.training.run_dir import RunDir
+from nam56r.training.settings import switch_flags
 
 # Flags a real run must never carry: synthetic data and the null tokenizer (the original launcher
 # refused them for real runs too).
@@ -75,33 +76,33 @@ def _run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend: str) -> 
     # fmt: off
     return [
         # Parallelism and batch
-        "--tensor-model-parallel-size", str(recipe.tp),
-        "--pipeline-model-parallel-size", str(recipe.pp),
-        "--expert-model-parallel-size", str(recipe.ep),
-        "--micro-batch-size", str(recipe.micro_batch),
-        "--global-batch-size", str(recipe.global_batch),
-        "--train-iters", str(recipe.steps),
+        "--tensor-model-parallel-size", str(recipe.parallel.tp),
+        "--pipeline-model-parallel-size", str(recipe.parallel.pp),
+        "--expert-model-parallel-size", str(recipe.parallel.ep),
+        "--micro-batch-size", str(recipe.batch.micro_batch),
+        "--global-batch-size", str(recipe.batch.global_batch),
+        "--train-iters", str(recipe.batch.steps),
         # Optimizer and schedule
         "--optimizer", "adam",
-        "--lr", str(recipe.lr),
-        "--min-lr", str(recipe.min_lr),
+        "--lr", str(recipe.optimizer.lr),
+        "--min-lr", str(recipe.optimizer.min_lr),
         "--lr-decay-style", "cosine",
-        "--lr-warmup-iters", str(recipe.warmup_steps),
-        "--weight-decay", str(recipe.weight_decay),
-        "--adam-beta1", str(recipe.adam_beta1),
-        "--adam-beta2", str(recipe.adam_beta2),
-        "--clip-grad", str(recipe.clip_grad),
-        "--seed", str(recipe.seed),
+        "--lr-warmup-iters", str(recipe.optimizer.warmup_steps),
+        "--weight-decay", str(recipe.optimizer.weight_decay),
+        "--adam-beta1", str(recipe.optimizer.adam_beta1),
+        "--adam-beta2", str(recipe.optimizer.adam_beta2),
+        "--clip-grad", str(recipe.optimizer.clip_grad),
+        "--seed", str(recipe.optimizer.seed),
         "--bf16",
         "--transformer-impl", "transformer_engine" if backend == "te" else "local",
         # Data
         "--train-data-path", str(data.train_prefix),
         "--tokenizer-type", "HuggingFaceTokenizer",
         "--tokenizer-model", str(data.tokenizer_dir),
-        "--num-workers", str(recipe.num_workers),
+        "--num-workers", str(recipe.logging.num_workers),
         "--data-cache-path", str(run.layout.dataset_cache),  # not beside the data, which may be read-only
         # Logging
-        "--log-interval", str(recipe.log_interval),
+        "--log-interval", str(recipe.logging.log_interval),
         "--tensorboard-dir", str(run.layout.tensorboard),
         "--log-timers-to-tensorboard",
         "--log-memory-to-tensorboard",
@@ -110,7 +111,7 @@ def _run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend: str) -> 
         "--timing-log-level", "0",
         # Checkpoints: Megatron's distributed checkpointing
         "--ckpt-format", "torch_dist",
-        "--save-interval", str(recipe.save_interval),
+        "--save-interval", str(recipe.logging.save_interval),
     ]
     # fmt: on
 
@@ -120,37 +121,34 @@ def _optional_run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend:
     args: list[str] = []
     if data.valid_prefix is not None:
         args += ["--valid-data-path", str(data.valid_prefix)]
-        args += ["--eval-interval", str(recipe.eval_interval), "--eval-iters", str(recipe.eval_iters)]
+        args += ["--eval-interval", str(recipe.logging.eval_interval), "--eval-iters", str(recipe.logging.eval_iters)]
     else:
         args += ["--eval-iters", "0"]
     if recipe.data_parallel > 1:
         args += ["--use-distributed-optimizer"]
-        if recipe.reshardable_checkpoints:
+        if recipe.runtime.reshardable_checkpoints:
             args += ["--dist-ckpt-optim-fully-reshardable"]
-    if recipe.overlap_dp_comm:
-        args += ["--overlap-grad-reduce"]
-    if recipe.moe_shared_expert_overlap:
-        args += ["--moe-shared-expert-overlap"]
+    args += switch_flags(recipe)  # the on/off switches that lower to one Megatron flag (nam56r.training.recipe_settings)
     if backend == "local":
         # Gradient-accumulation fusion needs APEX's or TE's fused wgrad kernels; the local layers have neither.
         args += ["--no-gradient-accumulation-fusion"]
-    if recipe.precision == "fp8-tensorwise":
+    if recipe.kernels.precision == "fp8-tensorwise":
         args += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
-    if recipe.cuda_graphs:
+    if recipe.runtime.cuda_graphs:
         args += ["--cuda-graph-impl", "transformer_engine"]
     if run.save is not None:
         args += ["--save", str(run.save)]
     if run.load is not None:
         args += ["--load", str(run.load), "--exit-on-missing-checkpoint"]
-    if recipe.linear_ce != "logits":
+    if recipe.kernels.linear_ce != "logits":
         args += ["--fused-linear-cross-entropy"]  # TransformerConfig field from Megatron patch 0007
-    if recipe.linear_ce == "chunked":
+    if recipe.kernels.linear_ce == "chunked":
         args += ["--fused-linear-cross-entropy-impl", CHUNKED_LINEAR_CE]  # TransformerConfig field from Megatron patch 0016
     if modules := recipe.recompute.megatron_modules():
         args += ["--recompute-granularity", "selective", "--recompute-modules", *modules]
     args += ["--nam56r-model-config", str(run.layout.model_config), "--nam56r-backend", backend]
-    args += ["--nam56r-dense-warmup-steps", str(recipe.dsa_phases.dense_warmup_steps)]
-    args += ["--nam56r-indexer-recall-interval", str(recipe.indexer_recall.interval)]
+    args += ["--nam56r-dense-warmup-steps", str(recipe.phases.dsa.dense_warmup_steps)]
+    args += ["--nam56r-indexer-recall-interval", str(recipe.phases.indexer_recall.interval)]
     return args
 
 

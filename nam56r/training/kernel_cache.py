@@ -174,7 +174,7 @@ def relocate_triton_groups(triton_dir: Path) -> int:
 
 
 def inventory(directory: Path) -> dict[str, ToolContents]:
-    """What each compiler's cache holds: kernels (Triton: compiled kernels; TileLang: kernel libraries;
+    """What each compiler's cache holds: kernels (Triton: compiled kernels; TileLang: kernel directories;
     Inductor: files), bytes, and the kernel names."""
     contents = {}
     for tool in TOOLS:
@@ -183,7 +183,8 @@ def inventory(directory: Path) -> dict[str, ToolContents]:
         if tool == "triton":
             names = sorted(p.stem.removeprefix("__grp__") for p in root.glob("*/__grp__*.json")) if root.is_dir() else []
         elif tool == "tilelang":
-            names = sorted(_tilelang_name(p.parent) for p in root.glob("*/kernel_lib.so")) if root.is_dir() else []
+            # One directory per kernel, each with its launch parameters (the library's file name depends on the backend).
+            names = sorted(_tilelang_name(p.parent) for p in root.glob("*/params.pkl")) if root.is_dir() else []
         else:
             names = []
         contents[tool] = ToolContents(len(names) if tool != "inductor" else len(files), sum(p.stat().st_size for p in files),

@@ -52,7 +52,7 @@ def prewarm_command(recipe: str, out: Path, run_dir: Path, *, mbs: int | None, d
     command = [sys.executable, "-m", "nam56r.training.train", "--recipe", recipe, *batch, "--steps", str(PREWARM_STEPS),
                "--warmup", "1", "--dense-warmup-steps", "1", "--no-save", "--run-dir", str(run_dir), "--kernel-cache", str(out),
                *(["--data", str(data)] if data else [])]
-    return command, fill_label(recipe, shape.micro_batch, shape.model_config().seq_length)
+    return command, fill_label(recipe, shape.batch.micro_batch, shape.model_config().seq_length)
 
 
 def prewarm(args: argparse.Namespace) -> int:

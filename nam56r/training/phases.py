@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from nam56r.model.dsa_warmup import DsaPhase, apply_dsa_phase
+from nam56r.training.settings import setting
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +29,11 @@ if TYPE_CHECKING:
 class DsaPhases:
     """Steps 1..dense_warmup_steps are the dense warm-up; later steps are sparse. 0: sparse from step 1."""
 
-    dense_warmup_steps: int = 0
+    dense_warmup_steps: int = setting(
+        0, cli="--dense-warmup-steps", metavar="N", cli_default="the recipe's, see --list",
+        help="DSA phases: steps 1..N attend every causal key while the indexer learns Megatron's dense KL, later steps "
+             "attend the indexer's top-k (0: sparse from the first step; below --steps). Megatron's step number decides "
+             "the phase, so a resumed run continues in its own")
 
     def phase_at(self, step: int) -> DsaPhase:
         """The phase of Megatron's step `step` (1-based)."""

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from nam56r.training.settings import setting
+
 if TYPE_CHECKING:  # the recipe reads RecallSchedule without torch or Megatron
     import torch
 
@@ -39,7 +41,12 @@ RECALL_KEY = "indexer recall"
 class RecallSchedule:
     """Probe at step 1 and every `interval` steps; 0 turns the probe off."""
 
-    interval: int = 0
+    interval: int = setting(
+        0, cli="--indexer-recall-interval", key="indexer_recall_interval", metavar="N", cli_default="the recipe's, 0",
+        help="log 'indexer recall' at step 1 and every N steps: on the first micro-batch of the step, the first DSA layer "
+             "computing its own top-k, the share of dense attention's top-k keys (k: the recipe's top-k, also during the "
+             "dense warm-up) that the indexer's top-k holds, averaged over query rows (nam56r.training.recall_probe); in "
+             "TensorBoard and summary.json's 'indexer_recall' series. 0: off")
 
     def probes(self, step: int) -> bool:
         return self.interval > 0 and (step == 1 or step % self.interval == 0)

@@ -329,8 +329,10 @@ def _run_model_and_world(run_dir: Path, preset: str | None, world_size: int | No
     if world_size is None:
         if not recipe_file.is_file():
             raise ValueError(f"{run_dir} has no recipe.json: pass --world-size")
-        recipe = json.loads(recipe_file.read_text())
-        world_size = recipe["nodes"] * recipe["gpus_per_node"]
+        from nam56r.training.recipe import settings_of
+
+        settings = settings_of(json.loads(recipe_file.read_text()), ("nodes", "gpus_per_node"))
+        world_size = settings["nodes"] * settings["gpus_per_node"]
     return config, world_size
 
 

@@ -51,13 +51,12 @@ from nam56r.training.flags import (
 from nam56r.training.kernel_cache import KernelCacheChoice, KernelCacheError, record_fill
 from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
 from nam56r.training.launch_gate import LaunchGate
-from nam56r.training.phases import DsaPhases
-from nam56r.training.recall_probe import RecallSchedule
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
 from nam56r.training.resume_layout import check_resume
 from nam56r.training.run_dir import RunDir
+from nam56r.training.settings import banner_lines
 from nam56r.training.startup_marks import mark, start_clock
-from nam56r.training.train_args import parse_args
+from nam56r.training.train_args import parse_args, recipe_overrides
 
 ROOT = CHECKOUT_ROOT
 CHECKPOINT_MARKER = "latest_checkpointed_iteration.txt"
@@ -69,41 +68,7 @@ class TrainError(RuntimeError):
 
 def recipe_from(args: argparse.Namespace, kernels: bool = True) -> Recipe:
     """The recipe with the command line's overrides, checked (`kernels=False`: without `Recipe.kernel_problems`)."""
-    on_off = {"on": True, "off": False, None: None}
-    phases = DsaPhases(args.dense_warmup_steps) if args.dense_warmup_steps is not None else None
-    recall = RecallSchedule(args.indexer_recall_interval) if args.indexer_recall_interval is not None else None
-    return get_recipe(
-        args.recipe,
-        kernels=kernels,
-        model=args.model,
-        micro_batch=args.micro_batch,
-        global_batch=args.global_batch,
-        steps=args.steps,
-        seq_length=args.seq_length,
-        ep=args.ep,
-        pp=args.pp,
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        save_interval=args.save_interval,
-        backend=args.backend,
-        index_cache=on_off[args.index_cache],
-        dsa_indexer=args.dsa_indexer,
-        cuda_graphs=on_off[args.cuda_graphs],
-        overlap_dp_comm=on_off[args.overlap_dp_comm],
-        moe_shared_expert_overlap=on_off[args.moe_shared_expert_overlap],
-        reshardable_checkpoints=on_off[args.reshardable_ckpt],
-        linear_ce=args.linear_ce,
-        moe_dispatch=args.moe_dispatch,
-        expert_activation=args.expert_activation,
-        residual_norm=args.residual_norm,
-        router_gating=args.router_gating,
-        moe_routing=args.moe_routing,
-        dsa_phases=phases,
-        indexer_recall=recall,
-        recompute=args.recompute,
-    )
+    return get_recipe(args.recipe, kernels=kernels, **recipe_overrides(args))
 
 
 @dataclass(frozen=True)
@@ -176,9 +141,9 @@ def _built_data(directory: Path, vocab_size: int) -> DataPaths:
 
 
 def choose_run_paths(args: argparse.Namespace, recipe: Recipe) -> RunPaths:
-    if recipe.nodes > 1 and not args.slurm_script and args.run_dir is None:
+    if recipe.parallel.nodes > 1 and not args.slurm_script and args.run_dir is None:
         raise TrainError(
-            f"{recipe.nodes} nodes: pass --run-dir on a filesystem every node shares, the same on each node "
+            f"{recipe.parallel.nodes} nodes: pass --run-dir on a filesystem every node shares, the same on each node "
             "(the default name carries the launch time, which differs between nodes)"
         )
     run_dir = args.run_dir or ROOT / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -201,7 +166,7 @@ def resolve_backend_for(recipe: Recipe, dry_run: bool) -> tuple[str, str | None]
     from nam56r.model.backend import resolve_backend
 
     try:
-        return resolve_backend(recipe.backend), None
+        return resolve_backend(recipe.kernels.backend), None
     except RuntimeError as exc:
         if not dry_run:
             raise TrainError(str(exc)) from None
@@ -235,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for name, make in RECIPES.items():
             r = make()
-            shape = f"{r.world_size} GPU  pp={r.pp} ep={r.ep} mbs={r.micro_batch} gbs={r.global_batch}"
-            warmup = f"dense warm-up {r.dsa_phases.dense_warmup_steps}"
-            print(f"{name:14s} {r.model:14s} {shape:34s} {r.precision:15s} {warmup:18s} {r.description}")
+            shape = f"{r.world_size} GPU  pp={r.parallel.pp} ep={r.parallel.ep} mbs={r.batch.micro_batch} gbs={r.batch.global_batch}"
+            warmup = f"dense warm-up {r.phases.dsa.dense_warmup_steps}"
+            print(f"{name:14s} {r.model:14s} {shape:34s} {r.kernels.precision:15s} {warmup:18s} {r.description}")
         return 0
     try:
         return run(args, extra)
@@ -271,18 +236,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     rendezvous = Rendezvous(args.rdzv_endpoint, args.node_rank) if args.rdzv_endpoint else None
     cmd = torchrun_command(recipe, megatron_argv, run_paths.layout.logs, rendezvous) if not args.slurm_script else []
 
-    print(
-        f"recipe: {recipe.name} ({recipe.description}); model {model.name}, {recipe.world_size} GPU(s), "
-        f"tp={recipe.tp} pp={recipe.pp} ep={recipe.ep} dp={recipe.data_parallel}, mbs={recipe.micro_batch} gbs={recipe.global_batch}, "
-        f"seq={model.seq_length}, {recipe.steps} steps, {recipe.precision}, backend {backend}, recompute {recipe.recompute}, "
-        f"overlap-dp-comm {'on' if recipe.overlap_dp_comm else 'off'}, "
-        f"moe-shared-expert-overlap {'on' if recipe.moe_shared_expert_overlap else 'off'}, "
-        f"reshardable-ckpt {'on' if recipe.reshardable_checkpoints else 'off'}"
-    )
-    print(f"paths: linear-ce {recipe.linear_ce}, dsa-indexer {recipe.dsa_indexer}, index-cache {'on' if recipe.index_cache else 'off'}, "
-          f"moe-dispatch {recipe.moe_dispatch}, expert-activation {model.moe.expert_activation}, router-gating {recipe.router_gating}, "
-          f"moe-routing {recipe.moe_routing}, residual-norm {model.residual_norm}")
-    print(f"DSA phases: {recipe.dsa_phases.describe()}")
+    print(f"recipe: {recipe.name} ({recipe.description}); model {model.name}, {recipe.world_size} GPU(s), "
+          f"dp={recipe.data_parallel}, seq={model.seq_length}, backend {backend}")
+    for line in banner_lines(recipe):
+        print(f"  {line}")
+    print(f"DSA phases: {recipe.phases.dsa.describe()}")
     print(f"data: {data.note}")
     print(f"data checked: {checked}")
     if kernel_cache.note:
@@ -422,12 +380,12 @@ def _ensure_data(data: DataChoice, vocab_size: int) -> None:
     print(f"data checked: {check_data_or_refuse(data, vocab_size)}")
 
 
-def _summarize(run: RunPaths, model, recipe: Recipe, kernel_cache: KernelCacheChoice = KernelCacheChoice()) -> None:
+def _summarize(run: RunPaths, model, recipe: Recipe, kernel_cache: KernelCacheChoice | None = None) -> None:
     from nam56r.training.kernel_cache_cli import fill_label
     from nam56r.training.runlog import summarize_run
 
-    if kernel_cache.env:
-        record_fill(kernel_cache.directory, fill_label(recipe.name, recipe.micro_batch, model.seq_length))
+    if kernel_cache is not None and kernel_cache.env:
+        record_fill(kernel_cache.directory, fill_label(recipe.name, recipe.batch.micro_batch, model.seq_length))
 
     summary = summarize_run(run.layout.tensorboard, model, model.seq_length, recipe.world_size, run.run_dir)
     print(f"summary: {run.layout.summary}; plot: {run.layout.plot}")

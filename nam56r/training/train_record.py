@@ -21,6 +21,7 @@ from nam56r_patchlane.errors import PatchlaneError
 from nam56r_patchlane.manifest import TrainRecord, append_record, host_stamp, now_utc
 
 from nam56r import CHECKOUT_ROOT
+from nam56r.training.recipe import settings_of
 from nam56r.training.run_dir import RunDir
 from nam56r.training.run_events import LOSS_TAG
 from nam56r.training.runlog import headline
@@ -67,7 +68,7 @@ def train_record(run_dir: Path, summary_file: Path | None = None, python: str = 
             f" first step after {'-' if startup is None else f'{startup:.0f} s'}")
     return TrainRecord(
         what=f"train:{recipe['name']}", host=host_stamp(python), commit=commit, dirty=dirty,
-        command=command_path.read_text().strip(), exit_code=0 if figures.last_step >= recipe["steps"] else 1,
+        command=command_path.read_text().strip(), exit_code=0 if figures.last_step >= settings_of(recipe, ("steps",))["steps"] else 1,
         sentinels=(), date=now_utc(), run_dir=str(run_dir), recipe=recipe["name"], preset=summary["preset"],
         world_size=summary["world_size"], seq_length=summary["seq_length"],
         global_batch_size=summary["median_over_window"]["global_batch_size"], first_step=figures.first_step,

@@ -240,7 +240,7 @@ def test_the_ce_paths_a_suite_runs_are_those_named(tmp_path: Path, megatron_buil
 
     from nam56r_bench.cli import _parser
 
-    from nam56r.training.recipe import LinearCE
+    from nam56r.training.recipe_settings import LinearCE
 
     assert sorted(LINEAR_CE_PATHS) == sorted(get_args(LinearCE))
     assert _parser().parse_args(["--linear-ce", "logits", "--linear-ce", "chunked"]).linear_ce == ["logits", "chunked"]
@@ -281,10 +281,11 @@ def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path
     recipe = get_recipe("proxy-1gpu", micro_batch=8, global_batch=8).on_backend("local")
     _write_run_files(RunPaths(tmp_path / "run", None, None), recipe.model_config("local"), recipe, "cmd")
     settings = run_settings(tmp_path / "run")
-    assert settings["micro_batch"] == 8 and settings["linear_ce"] == recipe.linear_ce and settings["dsa_indexer"] == "fused-tilelang-loss"
+    assert settings["micro_batch"] == 8 and settings["linear_ce"] == recipe.kernels.linear_ce
+    assert settings["dsa_indexer"] == "fused-tilelang-loss"
     assert settings["moe_dispatch"] == "fused-permute" and settings["index_cache"] is True
-    assert settings["expert_activation"] == "fused" and settings["router_gating"] == recipe.router_gating == "fused"
-    assert settings["moe_routing"] == recipe.moe_routing == "fused" and settings["residual_norm"] == "fused"
+    assert settings["expert_activation"] == "fused" and settings["router_gating"] == recipe.kernels.router_gating == "fused"
+    assert settings["moe_routing"] == recipe.kernels.moe_routing == "fused" and settings["residual_norm"] == "fused"
     assert settings["overlap_dp_comm"] is False and settings["moe_shared_expert_overlap"] is False
     assert set(settings) == {"micro_batch", "linear_ce", "dsa_indexer", "moe_dispatch", "expert_activation", "router_gating",
                              "moe_routing", "residual_norm", "index_cache", "recompute", "overlap_dp_comm",

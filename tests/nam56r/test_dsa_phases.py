@@ -34,7 +34,7 @@ def test_phase_of_each_step_with_its_boundaries():
 
 
 def test_recipes_name_their_warmup():
-    warmups = {name: make().dsa_phases.dense_warmup_steps for name, make in RECIPES.items()}
+    warmups = {name: make().phases.dsa.dense_warmup_steps for name, make in RECIPES.items()}
     assert warmups == {"tiny-1gpu": 5, "proxy-1gpu": 50, "h200x2-ep2": 50, "h200x8-bf16": 1000, "h200x8-fp8": 1000}
     for name in ("tiny-1gpu", "proxy-1gpu", "h200x8-bf16"):
         get_recipe(name)  # each checks
@@ -50,7 +50,7 @@ def test_recipes_name_their_warmup():
 )
 def test_bad_warmups_are_refused(warmup, steps, fragment):
     with pytest.raises(RecipeError, match=fragment):
-        get_recipe("tiny-1gpu", dsa_phases=DsaPhases(warmup), steps=steps)
+        get_recipe("tiny-1gpu", dense_warmup_steps=warmup, steps=steps)
 
 
 def test_a_sequence_the_fused_kernels_take_only_at_the_sparse_topk_is_refused_for_the_warmup(megatron_built):
@@ -58,12 +58,12 @@ def test_a_sequence_the_fused_kernels_take_only_at_the_sparse_topk_is_refused_fo
     with pytest.raises(RecipeError, match=r"dense warm-up \(top-k = seq_length 500\): fused sparse MLA: top-k 500") as err:
         get_recipe("tiny-1gpu", seq_length=500)
     assert all("dense warm-up" in p and p.endswith("or pass --dense-warmup-steps 0") for p in err.value.problems)
-    get_recipe("tiny-1gpu", seq_length=500, dsa_phases=DsaPhases(0))
+    get_recipe("tiny-1gpu", seq_length=500, dense_warmup_steps=0)
 
 
 def test_zero_warmup_is_sparse_from_the_start_and_any_step_count_is_fine():
-    recipe = get_recipe("proxy-1gpu", dsa_phases=DsaPhases(0), steps=3, warmup_steps=1)
-    assert recipe.dsa_phases.phase_at(1) == "sparse"
+    recipe = get_recipe("proxy-1gpu", dense_warmup_steps=0, steps=3, warmup_steps=1)
+    assert recipe.phases.dsa.phase_at(1) == "sparse"
 
 
 # ---- the lowering
@@ -73,7 +73,7 @@ def test_zero_warmup_is_sparse_from_the_start_and_any_step_count_is_fine():
 def test_the_schedule_lowers_to_a_flag_megatrons_parser_takes(megatron_built, warmup):
     from nam56r.training.pretrain import phase_switch_from_args
 
-    recipe = get_recipe("tiny-1gpu", dsa_phases=DsaPhases(warmup))
+    recipe = get_recipe("tiny-1gpu", dense_warmup_steps=warmup)
     argv = megatron_flags(recipe, recipe.model_config(), DATA, RUN, "local")
     assert argv[argv.index("--nam56r-dense-warmup-steps") + 1] == str(warmup)
     with contextlib.redirect_stdout(io.StringIO()):

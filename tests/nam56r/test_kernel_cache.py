@@ -113,7 +113,7 @@ def test_record_fill_takes_stock_of_each_compilers_kernels(tmp_path: Path) -> No
     _triton_put(tmp_path / "triton", "abc123")
     entry = tmp_path / "tilelang" / "f00d"
     entry.mkdir(parents=True)
-    (entry / "kernel_lib.so").write_bytes(b"\0" * 1000)
+    (entry / "executable.so").write_bytes(b"\0" * 1000)
     (entry / "params.pkl").write_bytes(b"p")
     (entry / "device_kernel.cu").write_text('extern "C" __global__ void __launch_bounds__(256) mamba_mimo_fwd_kernel(half* x) {}\n')
     (tmp_path / "tilelang" / "tmp").mkdir()

@@ -141,7 +141,7 @@ def test_the_launcher_flag_reaches_megatrons_parser_and_is_refused_where_it_cann
     from nam56r.training.train import main as train_main
     from tests.nam56r.test_dsa_phases import DATA, RUN
 
-    recipe = get_recipe("tiny-1gpu", indexer_recall=RecallSchedule(10))
+    recipe = get_recipe("tiny-1gpu", indexer_recall_interval=10)
     argv = megatron_flags(recipe, recipe.model_config(), DATA, RUN, "local")
     assert argv[argv.index("--nam56r-indexer-recall-interval") + 1] == "10"
     args = megatron_validate(argv, world_size=1)
@@ -150,7 +150,7 @@ def test_the_launcher_flag_reaches_megatrons_parser_and_is_refused_where_it_cann
     with pytest.raises(SystemExit, match="needs pipeline parallel 1, got 2"):
         recall_probe_from_args(SimpleNamespace(**{**vars(args), "pipeline_model_parallel_size": 2}))
     with pytest.raises(RecipeError, match="needs pipeline parallel 1, got 2"):
-        get_recipe("tiny-1gpu", indexer_recall=RecallSchedule(10), pp=2)
+        get_recipe("tiny-1gpu", indexer_recall_interval=10, pp=2)
     with pytest.raises(SystemExit):
         train_main(["--help"])
     assert "--indexer-recall-interval N" in capsys.readouterr().out
@@ -174,7 +174,8 @@ def write_run(run_dir: Path, recall: dict[int, float] | None, warmup: int) -> Pa
         for step in range(1, 31):
             writer.add_scalar(RECALL_KEY, recall.get(step, math.nan), step)
         writer.close()
-    (run_dir / "recipe.json").write_text(json.dumps({"dsa_phases": {"dense_warmup_steps": warmup}, "nodes": 1, "gpus_per_node": WORLD}))
+    recipe = {"phases": {"dsa": {"dense_warmup_steps": warmup}}, "parallel": {"nodes": 1, "gpus_per_node": WORLD}}
+    (run_dir / "recipe.json").write_text(json.dumps(recipe))
     preset = recall_config()
     summarize_run(run_dir / "tensorboard", preset, SEQ, WORLD, run_dir)
     return run_dir / "summary.json"

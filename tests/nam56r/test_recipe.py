@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from nam56r.training.flags import (
     transformer_config_from_args,
 )
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
+from nam56r.training.settings import with_overrides
 from nam56r.training.train import main as train_main
 
 LAYOUT = DataDir(Path("/data"))
@@ -43,9 +43,9 @@ def test_recipe_lowers_to_flags_megatron_accepts_with_our_architecture(megatron_
     assert architecture_mismatches(recipe.model_config(), margs, cfg) == []
     assert margs.world_size == recipe.world_size
     assert margs.data_parallel_size == recipe.data_parallel
-    assert margs.expert_model_parallel_size == recipe.ep
-    assert margs.micro_batch_size == recipe.micro_batch and margs.global_batch_size == recipe.global_batch
-    assert margs.train_iters == recipe.steps
+    assert margs.expert_model_parallel_size == recipe.parallel.ep
+    assert margs.micro_batch_size == recipe.batch.micro_batch and margs.global_batch_size == recipe.batch.global_batch
+    assert margs.train_iters == recipe.batch.steps
     assert margs.tokenizer_type == "HuggingFaceTokenizer" and not margs.mock_data
     assert margs.ckpt_format == "torch_dist" and margs.save == str(RUN.save)
     assert cfg.fused_linear_cross_entropy is True
@@ -55,10 +55,10 @@ def test_recipe_lowers_to_flags_megatron_accepts_with_our_architecture(megatron_
 
 def test_h200x8_recipes_match_the_original_production_topologies():
     bf16, fp8 = get_recipe("h200x8-bf16"), get_recipe("h200x8-fp8")
-    assert (bf16.world_size, bf16.pp, bf16.ep, bf16.micro_batch, bf16.precision) == (8, 1, 4, 8, "bf16")
-    assert (fp8.world_size, fp8.pp, fp8.ep, fp8.micro_batch, fp8.precision) == (8, 1, 8, 10, "fp8-tensorwise")
-    assert not bf16.cuda_graphs and not fp8.cuda_graphs  # the original found CG unaffordable at PP=1
-    assert fp8.backend == "te"
+    shape = [(r.world_size, r.parallel.pp, r.parallel.ep, r.batch.micro_batch, r.kernels.precision) for r in (bf16, fp8)]
+    assert shape == [(8, 1, 4, 8, "bf16"), (8, 1, 8, 10, "fp8-tensorwise")]
+    assert not bf16.runtime.cuda_graphs and not fp8.runtime.cuda_graphs  # the original found CG unaffordable at PP=1
+    assert fp8.kernels.backend == "te"
 
 
 def test_lowering_drift_is_caught(megatron_built):
@@ -114,7 +114,7 @@ def test_recipe_refuses(overrides, fragment):
 )
 def test_global_batch_is_a_multiple_of_micro_batch_times_data_parallel(name, overrides, data_parallel, refused):
     """Each step takes micro_batch sequences on every data-parallel rank: global_batch must be a multiple of both."""
-    recipe = replace(RECIPES[name](), **overrides)
+    recipe = with_overrides(RECIPES[name](), overrides)
     assert recipe.data_parallel == data_parallel
     if not refused:
         assert recipe.check(kernels=False) is recipe
@@ -136,19 +136,19 @@ def test_the_launcher_refuses_a_global_batch_short_of_the_data_parallel_ranks(tm
 
 def test_recipe_reports_every_problem_at_once():
     with pytest.raises(RecipeError) as err:
-        replace(get_recipe("proxy-1gpu"), micro_batch=3, warmup_steps=999).check()
+        with_overrides(get_recipe("proxy-1gpu"), {"micro_batch": 3, "warmup_steps": 999}).check()
     assert len(err.value.problems) == 2
 
 
 def test_cuda_graphs_allowed_with_pipeline_stages_on_te():
     recipe = get_recipe("h200x2-ep2", cuda_graphs=True, backend="te", pp=2, ep=1)
-    assert recipe.cuda_graphs and recipe.pp == 2
+    assert recipe.runtime.cuda_graphs and recipe.parallel.pp == 2
 
 
 def test_unknown_recipe_and_field_are_named():
     with pytest.raises(KeyError, match="unknown recipe 'nope'"):
         get_recipe("nope")
-    with pytest.raises(KeyError, match="unknown recipe fields"):
+    with pytest.raises(KeyError, match=r"unknown settings \['batch'\]"):
         get_recipe("tiny-1gpu", batch=3)
 
 

@@ -15,7 +15,9 @@ import torch
 
 from nam56r.training.data_dir import DataDir
 from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, recompute_mismatches, transformer_config_from_args
-from nam56r.training.recipe import RECIPES, RecipeError, Recompute, get_recipe, recompute_problems
+from nam56r.training.recipe import RECIPES, RecipeError, get_recipe
+from nam56r.training.recipe_checks import recompute_problems
+from nam56r.training.recipe_settings import Recompute
 
 DATA = DataPaths(DataDir(Path("/data")).train_prefix, None, DataDir(Path("/data")).tokenizer_dir)
 RUN = RunPaths(Path("/runs/r"), None, None)
@@ -43,7 +45,7 @@ def test_recipes_recompute_nothing_by_default(megatron_built, name):
     """Today's behaviour is kept: no recompute flag, Megatron's config recomputes nothing, the mixers keep activations."""
     recipe = get_recipe(name)
     assert recipe.recompute == Recompute() and not recipe.model_config().mamba.recompute
-    if recipe.precision == "fp8-tensorwise":
+    if recipe.kernels.precision == "fp8-tensorwise":
         return  # Megatron's validation of FP8 needs TransformerEngine
     argv, margs, cfg = _validated(recipe)
     assert not any(flag.startswith("--recompute") for flag in argv)

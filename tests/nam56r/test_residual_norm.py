@@ -93,8 +93,8 @@ def test_the_recipes_run_the_fused_norm_on_the_local_backend_only() -> None:
     from nam56r.training.recipe import RecipeError, get_recipe
 
     recipe = get_recipe("proxy-1gpu", kernels=False)
-    assert recipe.residual_norm is None
-    assert recipe.model_config("local").residual_norm == "fused" and recipe.on_backend("local").residual_norm == "fused"
+    assert recipe.kernels.residual_norm is None
+    assert recipe.model_config("local").residual_norm == "fused" and recipe.on_backend("local").kernels.residual_norm == "fused"
     assert recipe.model_config("te").residual_norm == "torch" and recipe.model_config().residual_norm == "torch"
     assert get_recipe("proxy-1gpu", residual_norm="torch", kernels=False).model_config("local").residual_norm == "torch"
     with pytest.raises(RecipeError, match="residual_norm 'fused' stands in for the local backend's torch norm"):

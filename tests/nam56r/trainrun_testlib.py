@@ -4,13 +4,13 @@ wall times, then the launcher's own end-of-run summary (metrics.jsonl, summary.j
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from nam56r.training.flags import RunPaths
 from nam56r.training.recipe import RECIPES, Recipe
+from nam56r.training.settings import with_overrides
 from nam56r.training.train import _summarize, _write_run_files
 
 COMMAND = "torchrun --nproc-per-node 1 -m nam56r.training.pretrain --train-iters {steps}"
@@ -27,7 +27,7 @@ def write_train_run(run_dir: Path, steps: range, recipe_steps: int = 20, loss: C
     from torch.utils.tensorboard import SummaryWriter
 
     # The recipe as defined, not get_recipe's checked one: its fused-kernel check imports Megatron (seconds), beside the point here.
-    recipe = dataclasses.replace(RECIPES[recipe_name](), steps=recipe_steps)
+    recipe = with_overrides(RECIPES[recipe_name](), {"steps": recipe_steps})
     model = recipe.model_config()
     run = RunPaths(run_dir=run_dir, save=run_dir / "checkpoints", load=None)
     _write_run_files(run, model, recipe, COMMAND.format(steps=recipe_steps))
@@ -35,7 +35,7 @@ def write_train_run(run_dir: Path, steps: range, recipe_steps: int = 20, loss: C
     start = time.time()
     for index, step in enumerate(steps):
         wall = start + first_step_after_s + 0.5 * index
-        for tag, value in (("batch-size", recipe.global_batch), ("lm loss", loss(step)), ("world-size", recipe.world_size),
+        for tag, value in (("batch-size", recipe.batch.global_batch), ("lm loss", loss(step)), ("world-size", recipe.world_size),
                            ("mem-max-allocated-bytes", 2**30 * (3 + step % 2))):
             writer.add_scalar(tag, value, step, walltime=wall)
         if index > 0:  # Megatron logs no iteration time at a run's first iteration
