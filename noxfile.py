@@ -3,9 +3,9 @@
   nox -s build              materialize + patch + install the pinned upstreams into .venv
   nox -s tests              build, then the CPU test suite in that same environment
   nox -s data -- ARGS       build the default C/C++ training corpus (python -m nam56r.training.data build ARGS)
-  nox -s train -- ARGS      train (python -m nam56r.training.train ARGS), e.g. `-- --recipe proxy-1gpu --dry-run`
+  nox -s train -- ARGS      train (python -m nam56r.training.launcher ARGS), e.g. `-- --recipe proxy-1gpu --dry-run`
   nox -s bench -- ARGS      benchmarks (python -m nam56r_bench ARGS): `-- --list`, `-- tooling`, `-- kernels` ...
-  nox -s prewarm -- ARGS    a portable compiled-kernel cache for recipes (python -m nam56r.training.kernel_cache_cli prewarm ARGS)
+  nox -s prewarm -- ARGS    a portable compiled-kernel cache for recipes (python -m nam56r.training.launcher.kernel_cache_cli prewarm ARGS)
   nox -s gpu-check -- ARGS  a GPU node's acceptance check (python -m nam56r.training.gpu_check): GPU tests, GPU packs, tiny train + resume
   nox -s lint               ruff
   nox -s mutants -- NAMES   mutation testing of the patch lane's and the recipe's checks (mutmut.toml); on demand, not in CI
@@ -119,7 +119,7 @@ def train(session: nox.Session) -> None:
     """Train NAM56R: `-- --recipe NAME [--dry-run] [overrides]` (`-- --help`, `-- --list`)."""
     _build(session)
     _venv_install(session, *TRAIN_REQUIREMENTS)
-    session.run(str(VENV_PYTHON), "-m", "nam56r.training.train", *session.posargs, external=True)
+    session.run(str(VENV_PYTHON), "-m", "nam56r.training.launcher", *session.posargs, external=True)
 
 
 @nox.session
@@ -162,11 +162,14 @@ def mutants(session: nox.Session) -> None:
             path.symlink_to(ROOT / target)
     session.chdir(MUTATION_STAGE)
     names = session.posargs or MUTANTS
+    # mutmut exits 1 when mutants survive; a run that checked none (its stats or test collection failed) is an error.
     session.run(str(VENV_PYTHON), "-m", "mutmut", "run", *names, external=True, success_codes=[0, 1])
     listing = session.run(str(VENV_PYTHON), "-m", "mutmut", "results", "--all", "true", external=True, silent=True) or ""
     status = dict(line.strip().rsplit(": ", 1) for line in listing.splitlines() if line.startswith("    "))
     status = {name: s for name, s in status.items() if any(fnmatch.fnmatchcase(name, pattern) for pattern in names)}
     checked = {name: s for name, s in status.items() if s not in ("not checked", "skipped")}
+    if not checked:
+        session.error(f"mutmut checked no mutant matching {' '.join(names)}: its output above says why")
     killed = [name for name, s in checked.items() if s in ("killed", "timeout", "caught by type check")]
     survivors = sorted(name for name in checked if name not in killed)
     for name in survivors:
@@ -197,7 +200,7 @@ def prewarm(session: nox.Session) -> None:
     """Compile recipes' kernels into a portable kernel cache on a GPU node: `-- --out DIR [--recipe R ...] [--mbs N]`."""
     _build(session)
     _venv_install(session, *TRAIN_REQUIREMENTS)
-    session.run(str(VENV_PYTHON), "-m", "nam56r.training.kernel_cache_cli", "prewarm", *session.posargs, external=True)
+    session.run(str(VENV_PYTHON), "-m", "nam56r.training.launcher.kernel_cache_cli", "prewarm", *session.posargs, external=True)
 
 
 @nox.session(name="gpu-check")
