@@ -11,7 +11,7 @@ import warnings as _warnings
 from pathlib import Path as _Path
 
 CHECKOUT_ROOT = _Path(__file__).resolve().parent.parent  # the checkout this package is installed from (editable)
-VERBOSE_ENV = "NAM56R_VERBOSE"  # set (to 1) by `nam56r.training.train --verbose`: every upstream warning shows
+VERBOSE_ENV = "NAM56R_VERBOSE"  # set (to 1) by `nam56r.training.launcher --verbose`: every upstream warning shows
 
 # Without TransformerEngine and Apex, Megatron warns at import of each of a dozen modules that it uses
 # its local implementations. NAM56R chooses its backend explicitly and says so once

@@ -51,12 +51,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="a launcher --linear-ce path (the LM head's and MTP heads' loss) the train-step and microbatch suites "
                              "run; repeat for several (default: microbatch compares every one, train-step runs the recipe's)")
     parser.add_argument("--train-args", action="append", type=_train_args, dest="train_args", default=[], metavar="'OPTIONS'",
-                        help="launcher options (nam56r.training.train's, one quoted string) for one train-step run of each "
+                        help="launcher options (nam56r.training.launcher's, one quoted string) for one train-step run of each "
                              "model and size; repeat for before and after in one run, '' for none: e.g. --train-args '' "
                              "--train-args '--overlap-dp-comm on' (default: one run with none)")
     parser.add_argument("--prewarm-mbs", type=_prewarm_sizes, default="1-16", metavar="SIZES",
                         help="micro-batch sizes the microbatch suite compiles each model's Mamba-3 MIMO TileLang kernels for, in "
-                             "parallel, before its search (nam56r.training.kernel_prewarm: the kernels are compiled per "
+                             "parallel, before its search (nam56r.training.launcher.kernel_prewarm: the kernels are compiled per "
                              "micro-batch size, about 2.5 minutes each inside a training process); e.g. 1-24 (default "
                              "1-16). train-step prewarms the sizes named with --mbs. none: no prewarm in either suite")
     parser.add_argument("--kernel-cases", action="append", choices=tuple(CASE_GROUPS), dest="kernel_cases", default=[],
@@ -92,7 +92,7 @@ def _train_args(text: str) -> str:
 
 
 def _prewarm_sizes(text: str) -> tuple[int, ...]:
-    from nam56r.training.kernel_prewarm import sizes_argument
+    from nam56r.training.launcher.kernel_prewarm import sizes_argument
 
     return () if text == "none" else sizes_argument(text)
 

@@ -1,5 +1,5 @@
 """``compile-tax``: wall time to the first logged step of tiny and proxy at micro-batch 8 with an empty portable kernel
-cache (`--kernel-cache`, nam56r.training.kernel_cache), which that run fills, then with the filled cache copied to
+cache (`--kernel-cache`, nam56r.training.launcher.kernel_cache), which that run fills, then with the filled cache copied to
 another path, as a node it is carried to gets it: the first step a fresh node pays, with and without a carried cache.
 Each run is `nam56r_bench.training_suites.train`, the users' training command."""
 
@@ -19,7 +19,7 @@ COMPILE_TAX_MBS = 8
 def compile_tax(ctx: Context) -> list[Row]:
     """Per model (`--model`, default tiny and proxy at micro-batch 8): the time to the first step with an empty kernel
     cache, which the run fills, then with that cache copied to another path, as a node it is carried to would get it."""
-    from nam56r.training.kernel_cache import read_manifest, weight_line
+    from nam56r.training.launcher.kernel_cache import read_manifest, weight_line
 
     require_gpu("compile-tax")
     rows = []

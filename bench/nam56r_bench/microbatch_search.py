@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from nam56r.training.runlog import headline
+from nam56r.training.runs.summary import headline
 
 
 def describe_attempt(attempt: dict) -> str:

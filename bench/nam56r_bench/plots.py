@@ -254,7 +254,7 @@ def _plot_train_step(rows: list[dict[str, Any]], title: str, path: Path) -> None
 
 
 # The marks that end each phase before the first step, in order: the launcher's and rank 0's startup marks
-# (nam56r.training.startup_marks) and Megatron's milestones (the first one logged of each tuple counts).
+# (nam56r.training.launcher.startup_marks) and Megatron's milestones (the first one logged of each tuple counts).
 PHASES = (
     ("launcher, torchrun start", ("rank 0 process started",)),
     ("rank 0 imports", ("rank 0 imported torch, Megatron and NAM56R's modules",)),

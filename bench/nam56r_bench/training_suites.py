@@ -1,4 +1,4 @@
-"""The GPU training suites, each through `python -m nam56r.training.train` (the users' command) on this machine:
+"""The GPU training suites, each through `python -m nam56r.training.launcher` (the users' command) on this machine:
 
 - ``train-step``: the proxy recipe and the full NAM56R on one GPU, (``--model nam56r-2gpu``) the full NAM56R on
   two GPUs at EP=2, and (``--model nam56r-4gpu``) the 8xH200 recipe on four GPUs at its EP=4: tokens/s/GPU, TFLOP/s/GPU (nam56r.model.flops'
@@ -14,7 +14,7 @@
   With `--recompute` (bench option) both suites run each recompute setting named instead (the launcher's
   `--recompute`; `each` is `RECOMPUTE_SETTINGS`), on the default CE path: the micro-batch and TFLOP/s per switch.
   Before a model's search its Mamba-3 MIMO kernels are compiled for `--prewarm-mbs` sizes in parallel
-  (`nam56r.training.kernel_prewarm`), as they are compiled per micro-batch size.
+  (`nam56r.training.launcher.kernel_prewarm`), as they are compiled per micro-batch size.
 
 The micro-batch search itself is `nam56r_bench.microbatch_search`; ``compile-tax`` runs through `train` here from
 `nam56r_bench.compile_tax_suite`.
@@ -34,11 +34,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nam56r.training.launcher.startup_marks import MARK as STARTUP_MARK
+from nam56r.training.launcher.startup_marks import STARTUP_T0_ENV, read_marks
 from nam56r.training.recipe import settings_of
-from nam56r.training.run_dir import RunDir
-from nam56r.training.runlog import headline
-from nam56r.training.startup_marks import MARK as STARTUP_MARK
-from nam56r.training.startup_marks import STARTUP_T0_ENV, read_marks
+from nam56r.training.runs.layout import RunDir
+from nam56r.training.runs.summary import headline
 from nam56r_bench.harness import BenchError, Context, Row, cuda_time_ms, require_gpu
 from nam56r_bench.microbatch_search import describe_attempt, failure_reason, largest_micro_batch, try_outcome
 from nam56r_bench.profile_trace import profile_breakdown
@@ -108,13 +108,13 @@ def gemm_peak_tflops() -> float:
 
 def train_command(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: tuple[str, ...] = (),
                   extra: tuple[str, ...] = ()) -> list[str]:
-    """`python -m nam56r.training.train` for a bench run: no checkpoint (a proxy checkpoint takes about 44 GiB), a
+    """`python -m nam56r.training.launcher` for a bench run: no checkpoint (a proxy checkpoint takes about 44 GiB), a
     one-step learning-rate warm-up, as a run of a few steps needs one shorter than the recipe's (the schedule
     changes neither speed nor memory), and no DSA dense warm-up: the benches measure the sparse steps the run
     spends nearly all its time in. `options`: the launcher's own (e.g. `--linear-ce logits`); `extra`:
     Megatron flags after `--`."""
     model = RECIPES[recipe]
-    command = [sys.executable, "-m", "nam56r.training.train", *model.launcher_args, "--steps", str(steps), "--warmup", "1",
+    command = [sys.executable, "-m", "nam56r.training.launcher", *model.launcher_args, "--steps", str(steps), "--warmup", "1",
                "--dense-warmup-steps", "0", "--no-save", "--run-dir", str(run_dir), *options]
     if mbs is not None:  # one micro-batch per data-parallel rank and step
         command += ["--mbs", str(mbs), "--gbs", str(mbs * model.gpus)]
@@ -124,7 +124,7 @@ def train_command(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, op
 def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: tuple[str, ...] = (), extra: tuple[str, ...] = (),
           env: dict | None = None) -> dict:
     """Run the users' training command (`train_command`); returns exit code, wall seconds, seconds to the first
-    logged step, Megatron's milestones and the launcher's and rank 0's startup marks (`nam56r.training.startup_marks`,
+    logged step, Megatron's milestones and the launcher's and rank 0's startup marks (`nam56r.training.launcher.startup_marks`,
     on this function's clock), the run's summary.json (when it finished), the log tail and the first exception a rank
     printed (`cause`, None when none did)."""
     command = train_command(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=extra)
@@ -281,12 +281,12 @@ def microbatch(ctx: Context) -> list[Row]:
 
 
 def prewarm_command(recipe: str, sizes: tuple[int, ...]) -> list[str]:
-    """`python -m nam56r.training.kernel_prewarm` for a bench model's recipe and model preset at `sizes`."""
-    from nam56r.training.kernel_prewarm import format_sizes
+    """`python -m nam56r.training.launcher.kernel_prewarm` for a bench model's recipe and model preset at `sizes`."""
+    from nam56r.training.launcher.kernel_prewarm import format_sizes
 
     launcher = dict(zip(RECIPES[recipe].launcher_args[::2], RECIPES[recipe].launcher_args[1::2], strict=True))
     shape = [arg for flag in ("--recipe", "--model") if flag in launcher for arg in (flag, launcher[flag])]
-    return [sys.executable, "-m", "nam56r.training.kernel_prewarm", *shape, "--mbs", format_sizes(sizes)]
+    return [sys.executable, "-m", "nam56r.training.launcher.kernel_prewarm", *shape, "--mbs", format_sizes(sizes)]
 
 
 def prewarm(recipe: str, sizes: tuple[int, ...]) -> float:

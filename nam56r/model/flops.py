@@ -4,7 +4,7 @@
 
 Megatron's own `num_floating_point_operations` knows neither Mamba-3's MIMO scan, DSA's indexer
 and sparse attention, IndexCache, nor the n-gram embedding, so its TFLOP/s/GPU figure does not
-describe NAM56R. This module is the formula our throughput figures use (`nam56r.training.runlog`).
+describe NAM56R. This module is the formula our throughput figures use (`nam56r.training.runs.summary`).
 
 Counting rules (one token = one position of one sequence; "per token" is the sequence average):
 

@@ -33,7 +33,7 @@ KEEP_FP32_PARAMS = ("D", "dt_bias", "B_bias", "C_bias", "mimo_x", "mimo_z", "mim
 def build_mamba3(mamba: Mamba3Config, d_model: int, layer_idx: int, *, device: torch.device | None,
                  dtype: torch.dtype) -> Mamba3:
     """mamba_ssm's `Mamba3` as NAM56R's layers build it (the mixer, and the kernel prewarm that must call its
-    kernels with the same shapes: `nam56r.training.kernel_prewarm`)."""
+    kernels with the same shapes: `nam56r.training.launcher.kernel_prewarm`)."""
     return Mamba3(
         d_model=d_model,
         d_state=mamba.d_state,

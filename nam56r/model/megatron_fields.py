@@ -6,7 +6,7 @@ attribute of its parsed arguments), the flag of Megatron's parser that sets it, 
 
 - `transformer_config_fields`: the architecture part of `nam56r.model.model.megatron_config`, which
   builds the model outside training (parameter counts, CPU tests, benches);
-- `architecture_flags`: the architecture part of the training command (`nam56r.training.flags`);
+- `architecture_flags`: the architecture part of the training command (`nam56r.training.launcher.flags`);
 - `architecture_mismatches`: the launcher's and the model provider's check that the config Megatron
   derived from the command (extra flags included) still describes the model config, before building.
 

@@ -7,7 +7,7 @@ saved: a run resumed with `--load` continues from the iteration Megatron reads f
 is in the phase of its next step. Resumed at iteration k < N, it finishes the warm-up and switches at
 step N + 1; resumed at k >= N, it is sparse from its first step.
 
-`PhaseSwitch` is the per-rank part: the forward step (`nam56r.training.pretrain.forward_step`) hands it
+`PhaseSwitch` is the per-rank part: the forward step (`nam56r.training.launcher.pretrain.forward_step`) hands it
 the model and Megatron's current step; it sets the DSA layers when the phase differs from the one they
 are in and logs each change (the first step of a run, and the switch).
 """

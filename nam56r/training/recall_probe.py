@@ -3,7 +3,7 @@ recall@k of one DSA layer's indexer against dense attention (`nam56r.model.dsa_r
 first micro-batch of the step, logged by Megatron as the loss report 'indexer recall'.
 
 Which layer: the first DSA layer of the model chunk that computes its own top-k (IndexCache's first Full
-layer). Which step: Megatron's (1-based, `nam56r.training.pretrain.StepContext`), so a resumed run probes
+layer). Which step: Megatron's (1-based, `nam56r.training.launcher.pretrain.StepContext`), so a resumed run probes
 the same steps as an uninterrupted one.
 
 How it reaches the logs: the forward step hands the loss function a `RecallReport` for every training
@@ -11,7 +11,7 @@ micro-batch; the loss function adds [sum of row recalls, rows] to its report und
 zeros on micro-batches that did not measure. Megatron sums each report key over the micro-batches and
 the data-parallel ranks and divides (train_step), so a probe step logs the mean recall over the rows
 measured on every rank, and any other step logs 0/0 = NaN: not measured. TensorBoard gets that value
-at every step (`nam56r.training.runlog` keeps the finite ones as summary.json's 'indexer_recall'
+at every step (`nam56r.training.runs.summary` keeps the finite ones as summary.json's 'indexer_recall'
 series); Megatron's log line prints a key only when it is >= 0, so at --log-interval 1 the line of a
 probe step shows the recall and the others do not show the key (a longer interval averages over steps:
 NaN, not printed).

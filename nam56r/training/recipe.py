@@ -3,15 +3,15 @@
 A `Recipe` says what to train (a model preset), on what (nodes x GPUs, TP/PP/EP), how (batch, steps, optimizer,
 precision, kernel paths, runtime switches). It holds nothing host-specific: no paths to home directories, no host
 names. Its settings are declared once, in groups (`nam56r.training.recipe_settings`); `Recipe.check`
-(`nam56r.training.recipe_checks`) refuses what may not run; `nam56r.training.flags` lowers it to Megatron's training
-flags; `nam56r.training.train` launches it.
+(`nam56r.training.recipe_checks`) refuses what may not run; `nam56r.training.launcher.flags` lowers it to Megatron's training
+flags; `nam56r.training.launcher` launches it.
 
 A recipe names its DSA phases (`nam56r.training.phases`): a dense indexer warm-up for the first
 `phases.dsa.dense_warmup_steps` steps, then sparse attention; the switch happens inside one run, at Megatron's step
 number, so a resumed run continues in the right phase.
 
 `Recompute` switches activation recompute per block family. Attention and MoE lower to Megatron's selective
-recompute (`nam56r.training.flags`); Megatron has no hook inside a Mamba layer, so the Mamba-3 switch reaches
+recompute (`nam56r.training.launcher.flags`); Megatron has no hook inside a Mamba layer, so the Mamba-3 switch reaches
 the model config and our checkpointed mixer (`nam56r.model.recompute`). Megatron's full recompute checkpoints
 whole layers of every family at once, so it is no family switch: a run that passes it after `--` keeps the
 family switches off (the launcher refuses the mix).

@@ -160,7 +160,7 @@ class Phases:
 @dataclass(frozen=True)
 class Runtime:
     # The distributed optimizer's gradient reduce-scatter during the backward. The parameter all-gather stays after
-    # the optimizer step: --overlap-param-gather is refused (nam56r.training.flags.REFUSED_FLAGS).
+    # the optimizer step: --overlap-param-gather is refused (nam56r.training.launcher.flags.REFUSED_FLAGS).
     overlap_dp_comm: bool = setting(
         False, cli="--overlap-dp-comm", megatron="--overlap-grad-reduce", recorded=True,
         help="overlap the distributed optimizer's gradient reduce-scatter with the backward (Megatron's "
@@ -171,7 +171,7 @@ class Runtime:
         help="run the MoE shared expert on a side stream beside Megatron's all-to-all dispatch and combine (Megatron's "
              "--moe-shared-expert-overlap); needs --moe-dispatch megatron, the EP > 1 recipes'")
     # Off, Megatron writes the optimizer buffers as they lie on each rank: no gather at save time, but a resume at the
-    # same model-parallel layout only. Lowered with the distributed optimizer it belongs to (nam56r.training.flags).
+    # same model-parallel layout only. Lowered with the distributed optimizer it belongs to (nam56r.training.launcher.flags).
     reshardable_checkpoints: bool = setting(
         False, cli="--reshardable-ckpt",
         help="write the distributed optimizer's checkpoint state per parameter (Megatron's "

@@ -85,10 +85,10 @@ def test_the_trace_directory_is_where_megatron_writes_for_our_flags(megatron_bui
 
     from megatron.training import training
 
-    from nam56r.training.data_dir import DataDir
-    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags
+    from nam56r.training.data.layout import DataDir, DataPaths
+    from nam56r.training.launcher.flags import RunPaths, megatron_flags
     from nam56r.training.recipe import get_recipe
-    from nam56r.training.run_dir import RunDir
+    from nam56r.training.runs.layout import RunDir
 
     source = inspect.getsource(training.train)
     directory = re.search(r'profile_dir = Path\(f"\{args\.tensorboard_dir\}([^"]*)"\)', source)
@@ -105,13 +105,13 @@ def test_the_trace_directory_is_where_megatron_writes_for_our_flags(megatron_bui
 @pytest.mark.parametrize(("recipe", "global_batch"), [("proxy", 2), ("nam56r", 2), ("nam56r-2gpu", 4), ("nam56r-4gpu", 8)])
 def test_bench_training_runs_save_no_checkpoint(recipe: str, global_batch: int, tmp_path: Path, megatron_built,
                                                 capsys: pytest.CaptureFixture) -> None:
-    """Each bench run is the users' command, which nam56r.training.train's own parser and Megatron's accept
+    """Each bench run is the users' command, which nam56r.training.launcher's own parser and Megatron's accept
     (dry run); it saves nothing (a proxy checkpoint takes about 44 GiB, several would fill a node's disk). A step
     is one micro-batch per data-parallel rank."""
-    from nam56r.training.train import main as train_main
+    from nam56r.training.launcher.train import main as train_main
 
     command = train_command(recipe, tmp_path / "run", mbs=2, steps=3)
-    assert command[1:3] == ["-m", "nam56r.training.train"]
+    assert command[1:3] == ["-m", "nam56r.training.launcher"]
     assert train_main([*command[3:], "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "checkpoints: none (--no-save)" in out
@@ -146,9 +146,9 @@ def test_model_option_picks_the_training_suites_models(tmp_path: Path) -> None:
 
 def test_the_upstream_ce_side_is_a_launcher_option_megatron_accepts(tmp_path: Path, megatron_built, capsys: pytest.CaptureFixture) -> None:
     """The microbatch suite's CE paths run in one build: the users' command with `--linear-ce chunked` adds patch
-    0016's implementation flag, `--linear-ce logits` drops patch 0007's flag, and nam56r.training.train's parser and
+    0016's implementation flag, `--linear-ce logits` drops patch 0007's flag, and nam56r.training.launcher's parser and
     Megatron's accept each (dry run)."""
-    from nam56r.training.train import main as train_main
+    from nam56r.training.launcher.train import main as train_main
 
     liger, chunked, upstream = CE_PATHS.values()
     for side, (options, fused, impl) in enumerate(((liger, True, False), (chunked, True, True), (upstream, False, False))):
@@ -216,7 +216,7 @@ def test_the_prediction_needs_two_fitting_tries_and_a_growing_peak() -> None:
 def test_recompute_settings_run_through_the_launchers_option(tmp_path: Path, megatron_built, capsys: pytest.CaptureFixture) -> None:
     """`--recompute each` makes the training suites run every setting of RECOMPUTE_SETTINGS (the microbatch suite instead
     of its CE paths), each the users' command with the launcher's `--recompute`, which its parser and Megatron's accept."""
-    from nam56r.training.train import main as train_main
+    from nam56r.training.launcher.train import main as train_main
 
     assert recompute_settings(Context(tmp_path, quick=False)) == ()
     assert microbatch_variants(Context(tmp_path, quick=False)) == CE_PATHS
@@ -273,9 +273,9 @@ def test_milestones_are_read_from_megatrons_print_datetime_lines(megatron_built)
 def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path, megatron_built) -> None:
     """The recipe the launcher writes (here through its real `_write_run_files`) names the CE path, indexer and
     the rest, defaults included, so a row says which paths it measured."""
-    from nam56r.training.flags import RunPaths
+    from nam56r.training.launcher.flags import RunPaths
+    from nam56r.training.launcher.train import _write_run_files
     from nam56r.training.recipe import get_recipe
-    from nam56r.training.train import _write_run_files
 
     assert run_settings(tmp_path / "none") == {}
     recipe = get_recipe("proxy-1gpu", micro_batch=8, global_batch=8).on_backend("local")
@@ -293,12 +293,12 @@ def test_a_train_step_row_names_the_settings_its_run_trained_with(tmp_path: Path
 
 
 def test_a_model_is_prewarmed_for_its_recipe_and_preset_through_the_prewarm_command_line() -> None:
-    from nam56r.training.kernel_prewarm import build_parser
+    from nam56r.training.launcher.kernel_prewarm import build_parser
 
     for model, recipe, preset in (("proxy", "proxy-1gpu", None), ("nam56r", "h200x8-bf16", None), ("nam56r-2gpu", "h200x2-ep2", "nam56r"),
                                   ("nam56r-4gpu", "h200x8-bf16", None)):
         command = prewarm_command(model, (1, 2, 3, 4))
-        assert command[1:3] == ["-m", "nam56r.training.kernel_prewarm"]
+        assert command[1:3] == ["-m", "nam56r.training.launcher.kernel_prewarm"]
         args = build_parser().parse_args(command[3:])
         assert (args.recipe, args.model, args.mbs) == (recipe, preset, (1, 2, 3, 4))
 
@@ -401,7 +401,7 @@ def test_train_step_runs_each_train_args_entry_through_the_launcher(tmp_path: Pa
     from nam56r_bench import training_suites
     from nam56r_bench.cli import _parser
 
-    from nam56r.training.train import main as train_main
+    from nam56r.training.launcher.train import main as train_main
 
     calls: list[tuple[str, ...]] = []
 

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 from nam56r_patchlane.artifacts import sha256_file
 
-from nam56r.training.data import main, read_data_manifest
-from nam56r.training.data_build import EOD_TOKEN, CorpusConfig, build, torch_include_dir
-from nam56r.training.data_convert import ConvertConfig, RowError, convert
-from nam56r.training.data_dir import DataDir
-from nam56r.training.data_format import check_prefix, write_indexed_dataset
+from nam56r.training.data.build import EOD_TOKEN, CorpusConfig, build, torch_include_dir
+from nam56r.training.data.cli import main
+from nam56r.training.data.convert import ConvertConfig, RowError, convert
+from nam56r.training.data.format import check_prefix, write_indexed_dataset
+from nam56r.training.data.layout import DataDir
+from nam56r.training.data.manifest import read_data_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_DOCS, VOCAB = 60, 512
@@ -159,7 +160,7 @@ def test_gpt_dataset_draws_sequences_from_the_train_prefix(built: Path, tmp_path
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-    from nam56r.training.data_format import load_megatron_tokenizer
+    from nam56r.training.data.format import load_megatron_tokenizer
 
     manifest, seq = read_data_manifest(built), 64
     config = GPTDatasetConfig(
@@ -200,7 +201,7 @@ def test_extra_sources_skips_and_unreached_vocab_are_reported(tmp_path: Path) ->
     reached = manifest["vocab_size"]["reached"]
     assert manifest["vocab_size"]["requested"] == 5000 and 257 < reached < 5000  # reported, never padded
     assert read_data_manifest(out).vocab_size == reached
-    from nam56r.training.data_format import load_megatron_tokenizer
+    from nam56r.training.data.format import load_megatron_tokenizer
 
     assert load_megatron_tokenizer(DataDir(out).tokenizer_dir).vocab_size == reached
     from transformers import AutoTokenizer

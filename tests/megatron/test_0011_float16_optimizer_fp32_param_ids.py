@@ -60,8 +60,8 @@ def cpu_stands_in_for_cuda(monkeypatch) -> None:
 def run_args():
     """Megatron's parsed and validated args for the tiny-1gpu recipe, as the launcher passes them."""
     pytest.importorskip("nam56r.model.model")
-    from nam56r.training.data_dir import DataDir
-    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate
+    from nam56r.training.data.layout import DataDir, DataPaths
+    from nam56r.training.launcher.flags import RunPaths, megatron_flags, megatron_validate
     from nam56r.training.recipe import get_recipe
 
     recipe = get_recipe("tiny-1gpu")

@@ -18,8 +18,8 @@ For the last iteration's save only, `--kill-at-open GLOB` SIGKILLs this process 
 opens for writing a file whose path under DIR matches GLOB, and `--kill-at-write GLOB` just after
 the open, at the first `write` call on it (both print `KILL_POINT path` to stderr first).
 `--log-opens FILE` appends every path under DIR opened for writing, in order, to FILE.
-`--explain-save-failures` wraps the saves in `nam56r.training.run_faults.explain_save_failures`,
-as `nam56r.training.pretrain` wraps Megatron's `pretrain`.
+`--explain-save-failures` wraps the saves in `nam56r.training.runs.faults.explain_save_failures`,
+as `nam56r.training.launcher.pretrain` wraps Megatron's `pretrain`.
 
 Output lines (stdout), one JSON object after the tag:
   SAVED {"iteration": N, "checksum": C, "moments": M}       after each completed save
@@ -160,8 +160,8 @@ class TinyRun:
         )
 
         from nam56r.model.model import build_model, single_process_groups
-        from nam56r.training.data_dir import DataDir
-        from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate
+        from nam56r.training.data.layout import DataDir, DataPaths
+        from nam56r.training.launcher.flags import RunPaths, megatron_flags, megatron_validate
         from nam56r.training.recipe import get_recipe
 
         recipe = get_recipe("tiny-1gpu")
@@ -236,7 +236,7 @@ def cmd_save(opts: argparse.Namespace) -> int:
         log_opens_for_writing(opts.save, opts.log_opens)
     explain = contextlib.nullcontext()
     if opts.explain_save_failures:
-        from nam56r.training.run_faults import explain_save_failures
+        from nam56r.training.runs.faults import explain_save_failures
 
         explain = explain_save_failures(str(opts.save))
     with explain:

@@ -53,11 +53,11 @@ def case_ids() -> list[tuple[str, tuple[str, ...]]]:
 
 def lower(name: str, options: tuple[str, ...]) -> dict:
     """The case's outcome: {"local": flags, "te": flags} or {"refused": [problems]}."""
-    from nam56r.training.data_dir import DataDir
-    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags
+    from nam56r.training.data.layout import DataDir, DataPaths
+    from nam56r.training.launcher.flags import RunPaths, megatron_flags
+    from nam56r.training.launcher.train import recipe_from
+    from nam56r.training.launcher.train_args import parse_args
     from nam56r.training.recipe import RecipeError
-    from nam56r.training.train import recipe_from
-    from nam56r.training.train_args import parse_args
 
     layout = DataDir(Path("/data"))
     data = DataPaths(layout.train_prefix, layout.valid_prefix, layout.tokenizer_dir)

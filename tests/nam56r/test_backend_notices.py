@@ -36,7 +36,7 @@ def test_megatron_fallback_warnings_are_replaced_by_one_backend_line(megatron_bu
 
 
 def test_verbose_shows_the_known_warnings_and_reaches_the_ranks(megatron_built) -> None:
-    """With NAM56R_VERBOSE set (as `nam56r.training.train --verbose` sets it for itself and for torchrun's ranks)
+    """With NAM56R_VERBOSE set (as `nam56r.training.launcher --verbose` sets it for itself and for torchrun's ranks)
     Megatron's fallback warnings show again; `show_known_warnings` undoes the filters in a running process."""
     from nam56r import VERBOSE_ENV
 
@@ -48,7 +48,7 @@ def test_verbose_shows_the_known_warnings_and_reaches_the_ranks(megatron_built) 
             " warnings.warn('Apex is not installed. Falling back to Torch Norm', UserWarning)")
     assert "Falling back to Torch Norm" in subprocess.run([sys.executable, "-c", undo], capture_output=True, text=True).stderr
 
-    launcher = ("import os; from nam56r.training.train import main; main(['--verbose', '--list']); "
+    launcher = ("import os; from nam56r.training.launcher.train import main; main(['--verbose', '--list']); "
                 "print('ENV', os.environ.get('NAM56R_VERBOSE'))")
     out = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=300)
     assert "ENV 1" in out.stdout, out.stderr

@@ -1,4 +1,4 @@
-"""Bad data is refused by `python -m nam56r.training.train` before any GPU work, dry runs included, with exit
+"""Bad data is refused by `python -m nam56r.training.launcher` before any GPU work, dry runs included, with exit
 status 2 and a message naming the file and the command that makes it again: a truncated, padded or
 corrupt .bin/.idx (train or valid), an empty corpus, token ids or a tokenizer past the model's
 vocabulary, documents without EOD, a --data path that does not exist. `nam56r.training.data build` over
@@ -19,16 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nam56r.training.data import BUILD_COMMAND
-from nam56r.training.data_dir import DataDir
-from nam56r.training.train import main as train_main
+from nam56r.training.data.layout import BUILD_COMMAND, DataDir
+from nam56r.training.launcher.train import main as train_main
 
 TINY_VOCAB = 512  # the tiny recipe's vocabulary
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, megatron_built) -> Path:
-    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
+    from nam56r.training.data.build import CorpusConfig, build, torch_include_dir
 
     out = tmp_path_factory.mktemp("data") / "cpp"
     build(out, TINY_VOCAB, CorpusConfig(sources=(torch_include_dir(),), max_docs=20))  # no command recorded
@@ -58,7 +57,7 @@ def _refused(data: Path, *extra: str) -> str:
 
 def _rebuild(data: Path) -> str:
     """The fix a refusal names for the built corpus in `data`: the build command its data.json describes, writing to `data`."""
-    from nam56r.training.data_build import torch_include_dir
+    from nam56r.training.data.build import torch_include_dir
 
     return (f"make it again with `{BUILD_COMMAND} --out {data} --vocab-size {TINY_VOCAB} --source {torch_include_dir().resolve()} "
             f"--max-docs 20 --valid-fraction 0.02 --force`")
@@ -136,7 +135,7 @@ def test_an_index_whose_pointers_do_not_follow_its_lengths_is_refused(data: Path
 
 @pytest.mark.parametrize("documents", [[], [[]]], ids=["no-documents", "empty-documents"])
 def test_an_empty_corpus_is_refused(data: Path, documents: list) -> None:
-    from nam56r.training.data_format import write_indexed_dataset
+    from nam56r.training.data.format import write_indexed_dataset
 
     prefix = DataDir(data).train_prefix
     write_indexed_dataset(prefix, documents, np.uint16)
@@ -207,7 +206,7 @@ def test_a_built_corpus_of_another_vocabulary_is_refused(data: Path) -> None:
 
 def test_a_converted_prefix_names_the_command_that_made_it(data: Path, tmp_path: Path) -> None:
     """`nam56r.training.data convert` records its command in <prefix>.json; a damaged prefix (here the valid one) names it."""
-    from nam56r.training.data import main as data_main
+    from nam56r.training.data.cli import main as data_main
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"text": f"int f{i}(void) {{ return {i}; }}\n" * 20}) + "\n" for i in range(40)))
@@ -247,7 +246,7 @@ def test_tokenizer_or_valid_data_beside_a_data_directory_is_refused(data: Path) 
 
 @pytest.mark.parametrize("files", [{}, {"empty.h": b"", "latin1.h": b"caf\xe9\n"}], ids=["no-files", "only-unusable-files"])
 def test_build_over_sources_with_no_usable_file_fails_and_keeps_the_earlier_build(data: Path, tmp_path: Path, files: dict) -> None:
-    from nam56r.training.data import main as data_main
+    from nam56r.training.data.cli import main as data_main
 
     source = tmp_path / "src"
     source.mkdir()

@@ -1,4 +1,4 @@
-"""nam56r.training.data_dir: the names inside a data directory are an on-disk contract (directories built
+"""nam56r.training.data.layout: the names inside a data directory are an on-disk contract (directories built
 earlier are read with them), so they are pinned here; everything else reads them from `DataDir`."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nam56r.training.data_dir import DataDir, default_data_dir
+from nam56r.training.data.layout import DataDir, default_data_dir
 
 
 def test_a_data_directory_names_the_files_a_build_writes() -> None:

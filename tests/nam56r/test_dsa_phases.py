@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate
+from nam56r.training.data.layout import DataPaths
+from nam56r.training.launcher.flags import RunPaths, megatron_flags, megatron_validate
 from nam56r.training.phases import DsaPhases, PhaseSwitch
 from nam56r.training.recipe import RECIPES, RecipeError, get_recipe
 
@@ -71,7 +72,7 @@ def test_zero_warmup_is_sparse_from_the_start_and_any_step_count_is_fine():
 
 @pytest.mark.parametrize("warmup", [0, 7])
 def test_the_schedule_lowers_to_a_flag_megatrons_parser_takes(megatron_built, warmup):
-    from nam56r.training.pretrain import phase_switch_from_args
+    from nam56r.training.launcher.pretrain import phase_switch_from_args
 
     recipe = get_recipe("tiny-1gpu", dense_warmup_steps=warmup)
     argv = megatron_flags(recipe, recipe.model_config(), DATA, RUN, "local")
@@ -84,14 +85,14 @@ def test_the_schedule_lowers_to_a_flag_megatrons_parser_takes(megatron_built, wa
 
 
 def test_a_rank_refuses_a_schedule_the_launcher_would_have_refused(megatron_built):
-    from nam56r.training.pretrain import phase_switch_from_args
+    from nam56r.training.launcher.pretrain import phase_switch_from_args
 
     with pytest.raises(SystemExit, match="--nam56r-dense-warmup-steps: dense_warmup_steps 200 must be below steps 200"):
         phase_switch_from_args(SimpleNamespace(nam56r_dense_warmup_steps=200, train_iters=200, seq_length=512))
 
 
 def test_launcher_option_help_and_refusal(megatron_built, capsys):
-    from nam56r.training.train import main as train_main
+    from nam56r.training.launcher.train import main as train_main
 
     with pytest.raises(SystemExit):
         train_main(["--help"])
@@ -137,7 +138,7 @@ def _run_steps(chunk: ModelChunk, monkeypatch, *, warmup: int, first_iteration: 
     from megatron.training import global_vars
 
     from nam56r.model.dsa_warmup import apply_dsa_phase
-    from nam56r.training.pretrain import forward_step
+    from nam56r.training.launcher.pretrain import forward_step
 
     apply_dsa_phase(chunk, "sparse", 512)  # a fresh process: the layers as the model provider built them
     args = SimpleNamespace(save=None, nam56r_nonfinite_loss_at_step=None, curr_iteration=0)
@@ -269,8 +270,8 @@ def test_the_topk_kl_at_every_key_is_megatrons_dense_indexer_kl(megatron_built):
 
 
 def test_the_gpu_resume_check_resumes_inside_the_warmup_and_crosses_the_switch(tmp_path, monkeypatch):
-    import nam56r.training.resume_check as resume_check
-    from nam56r.training.logged_run import LoggedRun
+    import nam56r.training.runs.resume_check as resume_check
+    from nam56r.training.runs.logged_run import LoggedRun
 
     check = resume_check.ResumeCheck(steps=20, resume_at=10)
     assert check.dense_warmup_steps == 15  # the checkpoint (10) is in the warm-up; the resumed run switches at 16
@@ -290,10 +291,10 @@ def test_the_gpu_resume_check_resumes_inside_the_warmup_and_crosses_the_switch(t
 def test_the_resume_check_drops_the_unread_last_checkpoint_before_resuming(tmp_path, monkeypatch):
     # At the proxy's size a checkpoint is 44 GiB: the uninterrupted run's last one and the resumed run's would not
     # fit a node's disk beside the one the resume reads.
-    import nam56r.training.resume_check as resume_check
-    from nam56r.training.logged_run import LoggedRun
-    from nam56r.training.run_dir import RunDir
-    from nam56r.training.run_faults import iteration_checkpoint
+    import nam56r.training.runs.resume_check as resume_check
+    from nam56r.training.runs.faults import iteration_checkpoint
+    from nam56r.training.runs.layout import RunDir
+    from nam56r.training.runs.logged_run import LoggedRun
 
     check = resume_check.ResumeCheck(steps=20, resume_at=10)
     checkpoints = RunDir(tmp_path / "full").checkpoints
@@ -314,8 +315,8 @@ def test_the_resume_check_drops_the_unread_last_checkpoint_before_resuming(tmp_p
 
 
 def test_each_resumed_run_reads_the_same_checkpoint_with_its_own_options(tmp_path, monkeypatch):
-    import nam56r.training.resume_check as resume_check
-    from nam56r.training.logged_run import LoggedRun
+    import nam56r.training.runs.resume_check as resume_check
+    from nam56r.training.runs.logged_run import LoggedRun
 
     check = resume_check.ResumeCheck(steps=20, resume_at=10, train_args=("--ep", "4"), resumes=((), ("--ep", "2")))
     launched: dict[str, list[str]] = {}

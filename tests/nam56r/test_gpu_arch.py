@@ -1,4 +1,4 @@
-"""The architecture preflight (nam56r.training.gpu_arch) on CPU with faked compute capabilities, reading the
+"""The architecture preflight (nam56r.training.launcher.gpu_arch) on CPU with faked compute capabilities, reading the
 real @tilelang.jit factories of mamba_ssm's Mamba-3 MIMO kernels and Megatron's TileLang DSA kernels."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nam56r.model.presets import get_preset
-from nam56r.training.gpu_arch import SHARED_MEMORY_MERGE, arch_check, merges_shared_memory, tilelang_kernels
+from nam56r.training.launcher.gpu_arch import SHARED_MEMORY_MERGE, arch_check, merges_shared_memory, tilelang_kernels
 
 MIMO = "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_fwd.mamba_mimo_fwd"
 SPARSE_MLA_BWD = "megatron.core.transformer.experimental_attention_variant.ops.tilelang_sparse_mla_bwd.bwd"
@@ -55,7 +55,7 @@ def test_an_unknown_architecture_is_refused(proxy) -> None:
 def test_the_preflight_reports_a_faked_gb10(proxy, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from nam56r.training.preflight import run_preflight
+    from nam56r.training.launcher.preflight import run_preflight
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 1))

@@ -1,6 +1,6 @@
 """`python -m nam56r.training.gpu_check` on CPU: its options, its refusal without a GPU, and each part's summary
 assembled from real sub-results (a real pytest run, a real `tools/packs.py run` on the fake upstream,
-run directories written by nam56r.training.train's and nam56r.training.runlog's own writers, a real failed launch)."""
+run directories written by nam56r.training.launcher's and nam56r.training.runs.summary's own writers, a real failed launch)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from nam56r.training.gpu_check import (
     run_check,
     train_summary,
 )
-from nam56r.training.logged_run import LoggedRun
-from nam56r.training.resume_check import ResumeCheck, TrainRun, assess
+from nam56r.training.runs.logged_run import LoggedRun
+from nam56r.training.runs.resume_check import ResumeCheck, TrainRun, assess
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "tools"))  # the fake upstream and fake pack of the patch-lane tests
@@ -180,7 +180,7 @@ def test_packs_part_has_each_packs_verdict_and_the_records_it_appended(packed_la
 
 def _run(name: str, run_dir: Path) -> TrainRun:
     """A run directory written without a launch: the launch it stands for exited 0."""
-    launch = LoggedRun(["python", "-m", "nam56r.training.train", "--run-dir", str(run_dir)], 0, 1.0, run_dir.with_suffix(".log"))
+    launch = LoggedRun(["python", "-m", "nam56r.training.launcher", "--run-dir", str(run_dir)], 0, 1.0, run_dir.with_suffix(".log"))
     return TrainRun(name, run_dir, launch)
 
 
@@ -262,7 +262,7 @@ def test_the_train_parts_launcher_options_are_the_launchers_and_are_refused_befo
 
 
 def test_a_failed_part_fails_the_check_and_the_summary_says_why(tmp_path: Path) -> None:
-    """The train part launches the real nam56r.training.train, which refuses the recipe: the check exits 1,
+    """The train part launches the real nam56r.training.launcher, which refuses the recipe: the check exits 1,
     the skipped parts say so, and the summary on disk is the one returned."""
     opts = Options(out_dir=tmp_path / "out", root=tmp_path / "checkout", skip=frozenset({"tests", "packs"}),
                    check=ResumeCheck(recipe="no-such-recipe"), data=tmp_path / "data", echo=False)

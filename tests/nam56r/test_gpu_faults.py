@@ -1,4 +1,4 @@
-"""GPU: faults in a real tiny training run (`python -m nam56r.training.train`, Megatron's `pretrain`).
+"""GPU: faults in a real tiny training run (`python -m nam56r.training.launcher`, Megatron's `pretrain`).
 
 A SIGKILL while a checkpoint is being written leaves the last complete checkpoint as the one that
 loads: Megatron writes `latest_checkpointed_iteration.txt` after the checkpoint's files, and the run
@@ -31,21 +31,21 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Path:
     from nam56r.training.recipe import get_recipe
-    from nam56r.training.resume_check import build_tiny_data
+    from nam56r.training.runs.resume_check import build_tiny_data
 
     return build_tiny_data(tmp_path_factory.mktemp("data") / "cpp", get_recipe(RECIPE).model_config().vocab_size)
 
 
 def _train_command(run_dir: Path, data: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "nam56r.training.train", "--recipe", RECIPE, "--warmup", "4", "--steps", str(STEPS), "--data", str(data),
-            "--run-dir", str(run_dir), *extra]
+    return [sys.executable, "-m", "nam56r.training.launcher", "--recipe", RECIPE, "--warmup", "4", "--steps", str(STEPS),
+            "--data", str(data), "--run-dir", str(run_dir), *extra]
 
 
 def _kill_when_written(command: list[str], log: Path, checkpoint_dir: Path, timeout_s: float = 900.0) -> dict:
     """Run `command` and SIGKILL it with every process under it (torchrun's ranks run in sessions of
     their own) the moment `checkpoint_dir` appears, that is while Megatron writes it; what the tracker
     and the directory held then, and the pids killed."""
-    from nam56r.training.logged_run import kill_tree
+    from nam56r.training.runs.logged_run import kill_tree
 
     killed: list[int] = []
     with log.open("w") as sink:
@@ -80,8 +80,8 @@ def _state(pid: int) -> str:
 
 
 def test_a_kill_during_a_checkpoint_save_resumes_from_the_last_complete_checkpoint(megatron_built, tiny_data, tmp_path) -> None:
-    from nam56r.training.run_events import compare_loss_curves, logged_loss_curve, loss_curve
-    from nam56r.training.runlog import resolve_tensorboard_dir
+    from nam56r.training.runs.events import compare_loss_curves, logged_loss_curve, loss_curve
+    from nam56r.training.runs.summary import resolve_tensorboard_dir
 
     killed_dir = tmp_path / "killed"
     checkpoints = killed_dir / "checkpoints"
@@ -120,7 +120,7 @@ def test_a_kill_during_a_checkpoint_save_resumes_from_the_last_complete_checkpoi
 
 
 def test_a_nonfinite_loss_stops_the_run_naming_the_step_and_the_last_checkpoint(megatron_built, tiny_data, tmp_path) -> None:
-    from nam56r.training.run_faults import RUN_STOPPED_EXIT
+    from nam56r.training.runs.faults import RUN_STOPPED_EXIT
 
     nan_step = SAVE_EVERY + 3
     run_dir = tmp_path / "nan"

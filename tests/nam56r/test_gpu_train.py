@@ -1,6 +1,6 @@
-"""GPU: `python -m nam56r.training.train` end to end on the tiny recipe: the loss falls on a small corpus, a
+"""GPU: `python -m nam56r.training.launcher` end to end on the tiny recipe: the loss falls on a small corpus, a
 run resumed from its step-20 checkpoint repeats the uninterrupted run's steps 21-40 within noise
-(nam56r.training.resume_check, which `python -m nam56r.training.gpu_check` runs at 20 steps resumed from 10, and
+(nam56r.training.runs.resume_check, which `python -m nam56r.training.gpu_check` runs at 20 steps resumed from 10, and
 deselects this test for), and (with two GPUs) expert parallel 2 really runs on two ranks. Each prints
 a sentinel line with its figures."""
 
@@ -24,7 +24,7 @@ RECIPE = "tiny-1gpu"
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Path:
     from nam56r.training.recipe import get_recipe
-    from nam56r.training.resume_check import build_tiny_data
+    from nam56r.training.runs.resume_check import build_tiny_data
 
     return build_tiny_data(tmp_path_factory.mktemp("data") / "cpp", get_recipe(RECIPE).model_config().vocab_size)
 
@@ -35,7 +35,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_tiny_run_loss_falls_and_resume_repeats_the_curve(megatron_built, tiny_data, tmp_path) -> None:
-    from nam56r.training.resume_check import ResumeCheck, run_resume_check
+    from nam56r.training.runs.resume_check import ResumeCheck, run_resume_check
 
     result = run_resume_check(ResumeCheck(recipe=RECIPE, steps=STEPS, resume_at=RESUME_AT), tmp_path, tiny_data, echo=False)
 
@@ -52,7 +52,7 @@ def test_tiny_run_loss_falls_and_resume_repeats_the_curve(megatron_built, tiny_d
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs for expert parallel 2")
 def test_two_gpu_expert_parallel_run_is_distributed(megatron_built, tiny_data, tmp_path) -> None:
-    from nam56r.training.resume_check import train_run
+    from nam56r.training.runs.resume_check import train_run
 
     run = tmp_path / "ep2"
     launch = train_run("ep2", run, ["--recipe", RECIPE, "--warmup", "4", "--gpus-per-node", "2", "--ep", "2", "--steps", "20",

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nam56r.training import kernel_cache as kc
-from nam56r.training.kernel_cache_cli import main as cli_main
+from nam56r.training.launcher import kernel_cache as kc
+from nam56r.training.launcher.kernel_cache_cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = kc.CacheKey(gpu="NVIDIA H200", capability="9.0", driver="580.159.04", cuda="13.0", python="3.12.3",
@@ -138,10 +138,10 @@ def test_show_prints_the_key_and_weight(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_prewarm_runs_the_launcher_through_both_dsa_phases_into_the_cache(tmp_path: Path) -> None:
-    from nam56r.training.kernel_cache_cli import prewarm_command
+    from nam56r.training.launcher.kernel_cache_cli import prewarm_command
 
     command, label = prewarm_command("proxy-1gpu", tmp_path / "cache", tmp_path / "run", mbs=8, data=None)
-    assert command[1:3] == ["-m", "nam56r.training.train"]
+    assert command[1:3] == ["-m", "nam56r.training.launcher"]
     joined = " ".join(command)
     assert "--mbs 8 --gbs 8" in joined and "--steps 2" in joined and "--dense-warmup-steps 1" in joined
     assert f"--kernel-cache {tmp_path / 'cache'}" in joined
@@ -165,14 +165,14 @@ def test_the_build_gives_tilelangs_library_the_wheels_timestamp() -> None:
 
 
 def test_the_launcher_plans_a_kernel_cache_in_a_dry_run_and_refuses_it_in_a_slurm_script(tmp_path: Path) -> None:
-    from nam56r.training.kernel_cache import KernelCacheChoice
+    from nam56r.training.launcher.kernel_cache import KernelCacheChoice
 
     kc.open_cache(tmp_path / "cache", KEY)
     planned = KernelCacheChoice.from_launcher(tmp_path / "cache", "refuse", planned_only=True)
     assert planned.env == {} and "filled for NVIDIA H200 (sm 9.0)" in planned.note
     launched = KernelCacheChoice.from_launcher(tmp_path / "cache", "refuse", planned_only=False)
     assert launched.check_at_launch and launched.env["TILELANG_CACHE_DIR"] == str(tmp_path / "cache" / "tilelang")
-    proc = subprocess.run([sys.executable, "-m", "nam56r.training.train", "--recipe", "tiny-1gpu", "--kernel-cache",
+    proc = subprocess.run([sys.executable, "-m", "nam56r.training.launcher", "--recipe", "tiny-1gpu", "--kernel-cache",
                            str(tmp_path / "cache"), "--slurm-script", str(tmp_path / "job.sbatch")],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--kernel-cache is for runs this launcher starts" in proc.stderr

@@ -1,4 +1,4 @@
-"""nam56r.training.kernel_prewarm: the Mamba-3 MIMO factory calls are recorded from mamba's real entry points
+"""nam56r.training.launcher.kernel_prewarm: the Mamba-3 MIMO factory calls are recorded from mamba's real entry points
 (`mamba_mimo_forward`, `mamba_mimo_bwd_combined`) and replayed at other batches through the real @tilelang.jit
 factories, whose TIR elaboration runs on CPU. The compile itself (TVM lowering, nvcc) and the recording through a
 real Mamba-3 layer need a GPU; the GPU check is the prewarmed microbatch bench (first steps without compiles)."""
@@ -11,8 +11,8 @@ import pytest
 from mamba_ssm.ops.tilelang.mamba3 import mamba3_mimo_bwd, mamba3_mimo_fwd
 from tilelang.jit import JITImpl
 
-from nam56r.training import kernel_prewarm
-from nam56r.training.kernel_prewarm import MIMO_FACTORIES, FactoryCall, PrewarmError, parse_sizes, recording
+from nam56r.training.launcher import kernel_prewarm
+from nam56r.training.launcher.kernel_prewarm import MIMO_FACTORIES, FactoryCall, PrewarmError, parse_sizes, recording
 from tests.mamba.test_0004_mimo_jit_cache import CHUNK, CudaAllocationsOnCpu, N, R, backward, forward
 from tests.mamba.test_0004_mimo_jit_cache import triton_epilogue as triton_epilogue  # noqa: F401 (fixture)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from nam56r.training.launch_gate import GATE_ENV, GATE_STOPPED_EXIT, LAUNCHER_PID_ENV, GateStopped, LaunchGate, wait_for_launch
-from nam56r.training.startup_marks import STARTUP_T0_ENV, read_marks
+from nam56r.training.launcher.launch_gate import GATE_ENV, GATE_STOPPED_EXIT, LAUNCHER_PID_ENV, GateStopped, LaunchGate, wait_for_launch
+from nam56r.training.launcher.startup_marks import STARTUP_T0_ENV, read_marks
 
-RANK = "from nam56r.training.launch_gate import wait_for_launch; print('waited', wait_for_launch(poll_s=0.02), flush=True)"
+RANK = "from nam56r.training.launcher.launch_gate import wait_for_launch; print('waited', wait_for_launch(poll_s=0.02), flush=True)"
 
 
 def _rank(env: dict[str, str]) -> subprocess.Popen:
@@ -81,7 +81,7 @@ def test_a_fresh_gate_is_closed_even_over_an_earlier_launch(tmp_path: Path) -> N
 
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory, megatron_built) -> Path:
-    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
+    from nam56r.training.data.build import CorpusConfig, build, torch_include_dir
 
     data = tmp_path_factory.mktemp("gate-data") / "cpp"
     build(data, 512, CorpusConfig(sources=(torch_include_dir(),), max_docs=20))
@@ -89,7 +89,7 @@ def small_data(tmp_path_factory, megatron_built) -> Path:
 
 
 def _launch(data: Path, run_dir: Path, *options: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nam56r.training.train", "--recipe", "tiny-1gpu", "--data", str(data),
+    return subprocess.run([sys.executable, "-m", "nam56r.training.launcher", "--recipe", "tiny-1gpu", "--data", str(data),
                            "--run-dir", str(run_dir), *options], env=_base_env(), capture_output=True, text=True, timeout=600)
 
 
@@ -151,7 +151,7 @@ def test_a_recipe_checked_without_kernels_imports_no_upstream_and_leaves_the_ker
 
 def test_each_node_gates_its_own_ranks_in_a_shared_run_dir(tmp_path: Path) -> None:
     """Node 1's launcher starting (a fresh gate) neither removes nor answers node 0's verdict."""
-    from nam56r.training.run_dir import RunDir
+    from nam56r.training.runs.layout import RunDir
 
     layout = RunDir(tmp_path)
     node0 = LaunchGate.fresh(layout.launch_gate(0))

@@ -1,4 +1,4 @@
-"""nam56r.training.logged_run on real processes: a timeout or a kill ends a command's whole process tree, also
+"""nam56r.training.runs.logged_run on real processes: a timeout or a kill ends a command's whole process tree, also
 the children that run in sessions of their own (as torchrun starts its ranks)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from nam56r.training.logged_run import EXIT_TIMED_OUT, kill_tree, process_tree, run_logged
+from nam56r.training.runs.logged_run import EXIT_TIMED_OUT, kill_tree, process_tree, run_logged
 
 # A parent that starts a child in a new session (not holding the output pipe), prints the child's pid, then waits.
 PARENT = (

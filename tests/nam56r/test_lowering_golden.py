@@ -23,7 +23,7 @@ def test_the_case_lowers_as_pinned(megatron_built, name: str, options: tuple[str
 
 
 def test_the_launcher_keeps_every_option() -> None:
-    from nam56r.training.train_args import build_parser
+    from nam56r.training.launcher.train_args import build_parser
 
     have = {option for action in build_parser("")._actions for option in action.option_strings}
     assert set(json.loads((GOLDEN.parent / "launcher_options.json").read_text())) <= have

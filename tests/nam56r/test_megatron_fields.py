@@ -43,7 +43,8 @@ def test_every_preset_has_its_reviewed_architecture():
 def test_flags_left_out_give_megatrons_default_and_it_is_the_configs_value(megatron_built):
     """The presets pass every switch one way and a shared expert; the other way (the flag left out)
     must give the config's value too, through Megatron's parser and config."""
-    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, transformer_config_from_args
+    from nam56r.training.data.layout import DataPaths
+    from nam56r.training.launcher.flags import RunPaths, megatron_flags, megatron_validate, transformer_config_from_args
     from nam56r.training.recipe import get_recipe
 
     tiny = get_preset("nam56r-tiny")

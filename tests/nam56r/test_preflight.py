@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nam56r.model.presets import get_preset
-from nam56r.training.preflight import applied_series_problems, run_preflight
+from nam56r.training.launcher.preflight import applied_series_problems, run_preflight
 
 
 def _git(tree: Path, *args: str) -> str:
@@ -101,7 +101,7 @@ def test_preflight_cli_reports_the_fused_shapes_with_no_gpu(megatron_built) -> N
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "nam56r.training.preflight", "--preset", "nam56r-h3584", "--no-gpu"], capture_output=True, text=True
+        [sys.executable, "-m", "nam56r.training.launcher.preflight", "--preset", "nam56r-h3584", "--no-gpu"], capture_output=True, text=True
     )
     (line,) = [line for line in proc.stdout.splitlines() if "fused kernel shapes" in line]
     assert proc.returncode == 1 and line.startswith("FAIL") and "kernel heads 56 (mla.num_heads 56)" in line

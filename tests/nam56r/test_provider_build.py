@@ -1,6 +1,6 @@
 """The training path's model build on CPU, with the real objects end to end: a recipe's lowered
 flags through Megatron's parser and `validate_args`, Megatron's global state set as `pretrain`'s
-argument parsing sets it, and the model provider `nam56r.training.pretrain` hands to `pretrain`, which derives
+argument parsing sets it, and the model provider `nam56r.training.launcher.pretrain` hands to `pretrain`, which derives
 Megatron's config from those flags and builds through Megatron's HybridModel and layer builders.
 Only the device differs from a GPU run: the provider's build lands on "meta" here.
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from nam56r.training.data_dir import DataDir
-from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, transformer_config_from_args
+from nam56r.training.data.layout import DataDir, DataPaths
+from nam56r.training.launcher.flags import RunPaths, megatron_flags, megatron_validate, transformer_config_from_args
 from nam56r.training.recipe import get_recipe
 
 BUILT_RECIPES = ["tiny-1gpu", "proxy-1gpu", "h200x8-bf16"]  # nam56r-tiny, nam56r-proxy, nam56r
@@ -49,7 +49,7 @@ RUN_FIELDS = {
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory, megatron_built) -> Path:
     """A real HuggingFace BPE tokenizer (byte level, 300 tokens) over this test's own source."""
-    from nam56r.training.data_build import train_tokenizer
+    from nam56r.training.data.build import train_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
     train_tokenizer([Path(__file__).read_text()], 300, out)
@@ -86,10 +86,10 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, overrides, t
     from megatron.core.transformer.experimental_attention_variant.absorbed_mla import AbsorbedMLASelfAttention
 
     import nam56r.model.model
-    import nam56r.training.preflight
+    import nam56r.training.launcher.preflight
     from nam56r.model.mamba3_mixer import Mamba3Mixer
     from nam56r.model.pattern import LayerKind
-    from nam56r.training.pretrain import model_provider
+    from nam56r.training.launcher.pretrain import model_provider
 
     argv, recipe = _lowered(name, tmp_path, tokenizer_dir, **overrides)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -105,14 +105,14 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, overrides, t
         devices.append(device)
         return real_build(*a, device="meta", **k)
 
-    real_preflight, preflights = nam56r.training.preflight.run_preflight, []
+    real_preflight, preflights = nam56r.training.launcher.preflight.run_preflight, []
 
     def preflight_without_gpu(config, **k):
         preflights.append(config)
         return real_preflight(config, require_gpu=False, **k)  # the real checks of the trees and fused paths, but the GPU's
 
     monkeypatch.setattr(nam56r.model.model, "build_model", build_on_meta)
-    monkeypatch.setattr(nam56r.training.preflight, "run_preflight", preflight_without_gpu)
+    monkeypatch.setattr(nam56r.training.launcher.preflight, "run_preflight", preflight_without_gpu)
     model = model_provider(pre_process=True, post_process=True)
 
     assert devices == ["cuda"]  # the provider's own build, redirected to meta on this CPU machine

@@ -64,7 +64,7 @@ def _steps(chunk: ModelChunk, monkeypatch, probe: IndexerRecallProbe, steps: ran
     'indexer recall' reports of each step, in micro-batch order (None: the report has no such key)."""
     from megatron.training import global_vars
 
-    from nam56r.training.pretrain import forward_step
+    from nam56r.training.launcher.pretrain import forward_step
 
     args = SimpleNamespace(save=None, nam56r_nonfinite_loss_at_step=None, curr_iteration=0)
     monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", args)
@@ -135,10 +135,10 @@ def test_a_model_without_a_computing_dsa_layer_is_refused(megatron_built) -> Non
 
 
 def test_the_launcher_flag_reaches_megatrons_parser_and_is_refused_where_it_cannot_run(megatron_built, capsys) -> None:
-    from nam56r.training.flags import megatron_flags, megatron_validate
-    from nam56r.training.pretrain import recall_probe_from_args
+    from nam56r.training.launcher.flags import megatron_flags, megatron_validate
+    from nam56r.training.launcher.pretrain import recall_probe_from_args
+    from nam56r.training.launcher.train import main as train_main
     from nam56r.training.recipe import RecipeError, get_recipe
-    from nam56r.training.train import main as train_main
     from tests.nam56r.test_dsa_phases import DATA, RUN
 
     recipe = get_recipe("tiny-1gpu", indexer_recall_interval=10)
@@ -162,11 +162,11 @@ def test_the_launcher_flag_reaches_megatrons_parser_and_is_refused_where_it_cann
 
 
 def write_run(run_dir: Path, recall: dict[int, float] | None, warmup: int) -> Path:
-    """A run folder as nam56r.training.train leaves it, summarized: Megatron's scalars, and 'indexer recall' as
+    """A run folder as nam56r.training.launcher leaves it, summarized: Megatron's scalars, and 'indexer recall' as
     Megatron logs it (0/0 = NaN at steps without a measurement)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from nam56r.training.runlog import summarize_run
+    from nam56r.training.runs.summary import summarize_run
 
     write_megatron_events(run_dir / "tensorboard", range(1, 31))
     if recall is not None:
@@ -191,13 +191,13 @@ def test_summary_series_hold_every_loss_and_the_measured_recalls(tmp_path) -> No
 
 
 def test_compare_runs_plots_two_runs_and_names_what_is_missing(tmp_path) -> None:
-    from nam56r.training.compare_runs import read_run
+    from nam56r.training.runs.compare import read_run
 
     warm = write_run(tmp_path / "warm", {1: 0.1, 10: 0.7, 20: 0.8}, warmup=5)
     cold = write_run(tmp_path / "cold", {1: 0.1, 10: 0.3, 20: 0.5}, warmup=0)
     assert read_run(warm, "w").dense_warmup_steps == 5 and read_run(cold, "c").indexer_recall[1] == (10, pytest.approx(0.3))
     out = tmp_path / "compare.png"
-    command = [sys.executable, "-m", "nam56r.training.compare_runs", str(warm), str(cold), "--out", str(out)]
+    command = [sys.executable, "-m", "nam56r.training.runs.compare", str(warm), str(cold), "--out", str(out)]
     proc = subprocess.run([*command, "--labels", "dense warm-up 5", "no warm-up"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes().startswith(PNG_SIGNATURE)
@@ -207,7 +207,7 @@ def test_compare_runs_plots_two_runs_and_names_what_is_missing(tmp_path) -> None
     old = tmp_path / "old" / "summary.json"
     old.parent.mkdir()
     old.write_text(json.dumps({k: v for k, v in json.loads(warm.read_text()).items() if k != "series"}))
-    stale = subprocess.run([sys.executable, "-m", "nam56r.training.compare_runs", str(old), str(cold), "--out", str(out)],
+    stale = subprocess.run([sys.executable, "-m", "nam56r.training.runs.compare", str(old), str(cold), "--out", str(out)],
                            capture_output=True, text=True)
     assert stale.returncode == 1 and "has no per-step series" in stale.stderr
 
@@ -215,7 +215,7 @@ def test_compare_runs_plots_two_runs_and_names_what_is_missing(tmp_path) -> None
 def test_the_log_lines_of_a_killed_run_give_the_recall_of_probe_steps() -> None:
     """Lines as Megatron's training_log formats them at --log-interval 1: ' {key}: {:.6E} |' for each report key
     whose mean is >= 0, so a step between probes (0/0 = NaN) prints no 'indexer recall'."""
-    from nam56r.training.run_events import logged_loss_curve
+    from nam56r.training.runs.events import logged_loss_curve
 
     def line(step: int, recall: float) -> str:
         keys = (("lm loss", 5.0 - step / 10), (RECALL_KEY, recall), ("indexer loss", 0.5))
@@ -228,7 +228,7 @@ def test_the_log_lines_of_a_killed_run_give_the_recall_of_probe_steps() -> None:
 
 
 def test_the_loss_difference_pairs_steps_and_its_summary_is_the_second_half() -> None:
-    from nam56r.training.compare_runs import RunCurves, loss_difference, moving_mean, summarize_difference
+    from nam56r.training.runs.compare import RunCurves, loss_difference, moving_mean, summarize_difference
 
     base = RunCurves("a", [(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.0), (5, 2.0)], [], None)
     other = RunCurves("b", [(2, 4.5), (3, 3.1), (4, 2.3), (5, 2.1), (6, 9.9)], [], None)  # step 6: the base has none

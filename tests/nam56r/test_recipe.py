@@ -10,19 +10,18 @@ from pathlib import Path
 import pytest
 
 from nam56r.model.megatron_fields import architecture_mismatches
-from nam56r.training.data_dir import DataDir
-from nam56r.training.flags import (
+from nam56r.training.data.layout import DataDir, DataPaths
+from nam56r.training.launcher.flags import (
     REFUSED_FLAGS,
-    DataPaths,
     RunPaths,
     megatron_flags,
     megatron_validate,
     refused_flags,
     transformer_config_from_args,
 )
+from nam56r.training.launcher.train import main as train_main
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
 from nam56r.training.settings import with_overrides
-from nam56r.training.train import main as train_main
 
 LAYOUT = DataDir(Path("/data"))
 DATA = DataPaths(LAYOUT.train_prefix, LAYOUT.valid_prefix, LAYOUT.tokenizer_dir)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nam56r.training.data_dir import DataDir
-from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate, recompute_mismatches, transformer_config_from_args
+from nam56r.training.data.layout import DataDir, DataPaths
+from nam56r.training.launcher.flags import RunPaths, megatron_flags, megatron_validate, recompute_mismatches, transformer_config_from_args
 from nam56r.training.recipe import RECIPES, RecipeError, get_recipe
 from nam56r.training.recipe_checks import recompute_problems
 from nam56r.training.recipe_settings import Recompute

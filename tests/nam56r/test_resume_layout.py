@@ -1,6 +1,6 @@
-"""The launcher's resume check (nam56r.training.resume_layout) on a real checkpoint: the tiny-1gpu run's, saved by
+"""The launcher's resume check (nam56r.training.runs.resume_layout) on a real checkpoint: the tiny-1gpu run's, saved by
 Megatron's own `save_checkpoint` with the distributed optimizer on CPU (tests/nam56r/checkpoint_worker.py), read
-through Megatron's loader, and judged inside `python -m nam56r.training.train --dry-run` over Megatron's parsed
+through Megatron's loader, and judged inside `python -m nam56r.training.launcher --dry-run` over Megatron's parsed
 flags."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nam56r.training.resume_layout import SavedLayout, iteration_to_load, read_saved_layout, resume_problems
+from nam56r.training.runs.resume_layout import SavedLayout, iteration_to_load, read_saved_layout, resume_problems
 
 WORKER = Path(__file__).with_name("checkpoint_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ def test_the_saved_layout_is_read_from_the_checkpoint_megatron_wrote(saved_at_ep
 
 
 def _dry_run(capsys, *args: str) -> tuple[int, str]:
-    from nam56r.training.train import main as train_main
+    from nam56r.training.launcher.train import main as train_main
 
     code = train_main(["--dry-run", *args])
     return code, capsys.readouterr().out
@@ -73,7 +73,7 @@ def test_between_ep_sizes_above_one_only_a_fully_reshardable_optimizer_state_mov
 def test_a_directory_megatron_did_not_write_is_refused_by_name(tmp_path: Path, megatron_built) -> None:
     from types import SimpleNamespace
 
-    from nam56r.training.resume_layout import check_resume
+    from nam56r.training.runs.resume_layout import check_resume
 
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("3\n")
     (tmp_path / "iter_0000003").mkdir()

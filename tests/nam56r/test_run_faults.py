@@ -11,7 +11,7 @@ drives the real `save_checkpoint` / `load_checkpoint` on the tiny recipe's model
   NAM56R keeps in fp32 (Megatron patches 0013-0015: the index of each parameter's optimizer state,
   the state dict of a fresh optimizer without Apex/TE, the dp_reshardable load into fp32 parameters).
 
-The GPU twin (`test_gpu_faults.py`) kills a whole `nam56r.training.train` run during a save and resumes it.
+The GPU twin (`test_gpu_faults.py`) kills a whole `nam56r.training.launcher` run during a save and resumes it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nam56r.training.run_faults import iteration_checkpoint, tracked_checkpoint
+from nam56r.training.runs.faults import iteration_checkpoint, tracked_checkpoint
 
 WORKER = Path(__file__).with_name("checkpoint_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,10 +163,11 @@ def test_a_nonfinite_loss_names_the_step_and_the_last_checkpoint(megatron_built,
     reach the loss function through `forward_step`, as in `pretrain`."""
     from megatron.training import global_vars
 
-    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate
-    from nam56r.training.pretrain import forward_step
+    from nam56r.training.data.layout import DataPaths
+    from nam56r.training.launcher.flags import RunPaths, megatron_flags, megatron_validate
+    from nam56r.training.launcher.pretrain import forward_step
     from nam56r.training.recipe import get_recipe
-    from nam56r.training.run_faults import NonFiniteLoss
+    from nam56r.training.runs.faults import NonFiniteLoss
 
     recipe = get_recipe("tiny-1gpu")
     save = tmp_path / "checkpoints"

@@ -1,4 +1,4 @@
-"""nam56r.training.runlog on TensorBoard events written with Megatron's own tag names (torch's
+"""nam56r.training.runs.summary on TensorBoard events written with Megatron's own tag names (torch's
 SummaryWriter, as Megatron's writer): per-step metrics, window medians, the plot, errors."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 from nam56r.model.flops import FORMULA, flops_per_token
 from nam56r.model.presets import get_preset
-from nam56r.training.run_events import MissingTagError, compare_loss_curves, logged_loss_curve, loss_curve
-from nam56r.training.runlog import DEFAULT_WINDOW, choose_window, summarize_run
+from nam56r.training.runs.events import MissingTagError, compare_loss_curves, logged_loss_curve, loss_curve
+from nam56r.training.runs.summary import DEFAULT_WINDOW, choose_window, summarize_run
 
 SEQ, BATCH, WORLD = 64, 16, 2
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -173,7 +173,7 @@ def test_compare_loss_curves_for_a_resume(tmp_path) -> None:
 def test_cli_summarizes_a_run_folder(tmp_path) -> None:
     write_megatron_events(tmp_path / "tensorboard", range(1, 31))
     proc = subprocess.run(
-        [sys.executable, "-m", "nam56r.training.runlog", str(tmp_path), "--preset", "nam56r-tiny", "--seq", str(SEQ),
+        [sys.executable, "-m", "nam56r.training.runs.summarize", str(tmp_path), "--preset", "nam56r-tiny", "--seq", str(SEQ),
          "--world-size", str(WORLD)],
         capture_output=True,
         text=True,
@@ -182,7 +182,7 @@ def test_cli_summarizes_a_run_folder(tmp_path) -> None:
     assert "window: iterations 3..25" in proc.stdout
     assert {p.name for p in tmp_path.iterdir()} >= {"metrics.jsonl", "summary.json", "loss_throughput.png"}
     missing = subprocess.run(
-        [sys.executable, "-m", "nam56r.training.runlog", str(tmp_path / "nothing"), "--preset", "nam56r-tiny", "--world-size", "1"],
+        [sys.executable, "-m", "nam56r.training.runs.summarize", str(tmp_path / "nothing"), "--preset", "nam56r-tiny", "--world-size", "1"],
         capture_output=True,
         text=True,
     )
@@ -190,7 +190,7 @@ def test_cli_summarizes_a_run_folder(tmp_path) -> None:
 
 
 def test_cli_reads_the_model_and_world_size_a_train_run_recorded(tmp_path) -> None:
-    """A run of nam56r.training.train records its exact model (here IndexCache off, unlike the tiny preset)
+    """A run of nam56r.training.launcher records its exact model (here IndexCache off, unlike the tiny preset)
     and its recipe: the CLI uses them, so the FLOP count is the trained model's, not the preset's."""
     from dataclasses import replace
 
@@ -202,16 +202,17 @@ def test_cli_reads_the_model_and_world_size_a_train_run_recorded(tmp_path) -> No
     assert flops_per_token(trained, SEQ).total != flops_per_token(replace(preset, seq_length=SEQ), SEQ).total
     write_megatron_events(tmp_path / "tensorboard", range(1, 31))
     (tmp_path / "model_config.json").write_text(json.dumps(trained.to_dict()))
-    (tmp_path / "recipe.json").write_text(json.dumps({"nodes": 1, "gpus_per_node": WORLD}))
-    proc = subprocess.run([sys.executable, "-m", "nam56r.training.runlog", str(tmp_path)], capture_output=True, text=True)
+    (tmp_path / "recipe.json").write_text(json.dumps({"parallel": {"nodes": 1, "gpus_per_node": WORLD}}))
+    proc = subprocess.run([sys.executable, "-m", "nam56r.training.runs.summarize", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == WORLD and summary["seq_length"] == SEQ
     assert summary["flops_per_token"] == pytest.approx(flops_per_token(trained, SEQ).total)
-    wrong = subprocess.run([sys.executable, "-m", "nam56r.training.runlog", str(tmp_path), "--preset", "nam56r"],
+    wrong = subprocess.run([sys.executable, "-m", "nam56r.training.runs.summarize", str(tmp_path), "--preset", "nam56r"],
                            capture_output=True, text=True)
     assert wrong.returncode == 1 and "disagrees with" in wrong.stderr
-    bare = subprocess.run([sys.executable, "-m", "nam56r.training.runlog", str(tmp_path / "tensorboard")], capture_output=True, text=True)
+    bare = subprocess.run([sys.executable, "-m", "nam56r.training.runs.summarize", str(tmp_path / "tensorboard")],
+                          capture_output=True, text=True)
     assert bare.returncode == 1 and "pass --preset" in bare.stderr
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from nam56r.training import settings as st
+from nam56r.training.launcher.train_args import OPTIONS_BEGIN, OPTIONS_END, markdown_options
 from nam56r.training.recipe import Recipe, get_recipe
 from nam56r.training.settings import setting
-from nam56r.training.train_args import OPTIONS_BEGIN, OPTIONS_END, markdown_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,8 +79,8 @@ def test_an_unknown_override_is_named() -> None:
 
 def test_every_declared_megatron_switch_of_the_recipe_lowers_to_its_flag() -> None:
     """Each recipe switch with `megatron=` is on in a recipe that allows it, and its flag is in the lowering."""
-    from nam56r.training.data_dir import DataDir
-    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags
+    from nam56r.training.data.layout import DataDir, DataPaths
+    from nam56r.training.launcher.flags import RunPaths, megatron_flags
 
     layout = DataDir(Path("/data"))
     data = DataPaths(layout.train_prefix, layout.valid_prefix, layout.tokenizer_dir)
@@ -98,4 +98,4 @@ def test_the_readme_holds_the_generated_option_table() -> None:
     readme = (ROOT / "README.md").read_text()
     block = re.search(re.escape(OPTIONS_BEGIN) + ".*?" + re.escape(OPTIONS_END), readme, re.S)
     assert block is not None, "README.md lost its option-table markers"
-    assert block.group(0) == markdown_options(), "regenerate it: python -m nam56r.training.train_args --markdown"
+    assert block.group(0) == markdown_options(), "regenerate it: python -m nam56r.training.launcher.train_args --markdown"

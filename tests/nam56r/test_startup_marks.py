@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from nam56r.training.startup_marks import STARTUP_T0_ENV, mark, process_started, read_marks, start_clock
+from nam56r.training.launcher.startup_marks import STARTUP_T0_ENV, mark, process_started, read_marks, start_clock
 
 
 def test_the_launcher_sets_the_time_zero_unless_its_caller_did() -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nam56r.training.data_dir import DataDir
-from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, slurm_script, torchrun_command
+from nam56r.training.data.layout import DataDir
+from nam56r.training.launcher.launch import LaunchError, Rendezvous, runtime_env, slurm_script, torchrun_command
+from nam56r.training.launcher.train import main as train_main
 from nam56r.training.recipe import RecipeError, get_recipe
-from nam56r.training.train import main as train_main
 
 TINY_VOCAB = 512
 
@@ -24,7 +24,7 @@ TINY_VOCAB = 512
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory, megatron_built) -> Path:
     """A real (small) default-style corpus: 40 PyTorch headers, byte-level BPE of 512 tokens."""
-    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
+    from nam56r.training.data.build import CorpusConfig, build, torch_include_dir
 
     out = tmp_path_factory.mktemp("data") / "cpp"
     build(out, TINY_VOCAB, CorpusConfig(sources=(torch_include_dir(),), max_docs=40))
@@ -51,7 +51,7 @@ def test_dry_run_prints_checks_preflight_and_the_exact_command(tiny_data, tmp_pa
     cmd = _command_line(out)
     assert cmd[:2] == ["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "TRITON_CACHE_AUTOTUNING=1"]
     assert cmd[3:6] == ["-m", "torch.distributed.run", "--nproc-per-node"]
-    flags = cmd[cmd.index("nam56r.training.pretrain") + 1 :]
+    flags = cmd[cmd.index("nam56r.training.launcher.pretrain") + 1 :]
     assert flags[flags.index("--train-data-path") + 1] == str(DataDir(tiny_data).train_prefix)
     assert flags[flags.index("--tokenizer-model") + 1] == str(DataDir(tiny_data).tokenizer_dir)
     assert flags[flags.index("--save") + 1] == str(tmp_path / "run" / "checkpoints")
@@ -178,7 +178,7 @@ def test_load_without_a_checkpoint_is_refused(tiny_data, tmp_path):
 
 def test_data_larger_than_the_model_vocab_is_refused(tiny_data, tmp_path):
     """The tiny data has a 512-token vocab; a model with a smaller vocab cannot embed it."""
-    from nam56r.training.data import read_data_manifest
+    from nam56r.training.data.manifest import read_data_manifest
 
     with pytest.raises(ValueError, match="rebuild it with"):
         read_data_manifest(tiny_data).check_vocab(256)
@@ -186,7 +186,7 @@ def test_data_larger_than_the_model_vocab_is_refused(tiny_data, tmp_path):
     code, _, err = _run([*argv, "--data", str(tiny_data)])
     assert code == 0, err
     big = tmp_path / "big"
-    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
+    from nam56r.training.data.build import CorpusConfig, build, torch_include_dir
 
     build(big, 600, CorpusConfig(sources=(torch_include_dir(),), max_docs=40))
     code, _, err = _run([*argv, "--data", str(big)])
@@ -240,7 +240,7 @@ def test_slurm_script_is_valid_bash_with_preflight_on_every_node(tmp_path):
     recipe = get_recipe("h200x8-bf16", nodes=4, global_batch=256)
     script = slurm_script(recipe, ["--hidden-size", "4096", "--tokenizer-model", "/path with space/tok"], tmp_path / "run", tmp_path)
     assert "#SBATCH --nodes=4" in script and "#SBATCH --gpus-per-node=8" in script
-    assert "nam56r.training.preflight --preset nam56r" in script
+    assert "nam56r.training.launcher.preflight --preset nam56r" in script
     assert '--rdzv-endpoint="$head_node:29500"' in script
     assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in script
     assert 'export TRITON_CACHE_AUTOTUNING="${TRITON_CACHE_AUTOTUNING:-1}"' in script
@@ -257,9 +257,10 @@ def test_forward_step_on_a_real_dataset_batch(tiny_data):
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset
 
-    from nam56r.training.data_format import load_megatron_tokenizer
-    from nam56r.training.flags import DataPaths, RunPaths, megatron_flags, megatron_validate
-    from nam56r.training.pretrain import forward_step, gpt_dataset_config
+    from nam56r.training.data.format import load_megatron_tokenizer
+    from nam56r.training.data.layout import DataPaths
+    from nam56r.training.launcher.flags import RunPaths, megatron_flags, megatron_validate
+    from nam56r.training.launcher.pretrain import forward_step, gpt_dataset_config
 
     recipe = get_recipe("tiny-1gpu")
     model = recipe.model_config()
@@ -323,9 +324,9 @@ def test_missing_default_data_is_built_at_the_paths_already_in_the_flags(megatro
     import argparse
     from dataclasses import replace
 
-    import nam56r.training.data_build as data_build
-    import nam56r.training.data_dir as data_dir
-    from nam56r.training.train import _ensure_data, choose_data
+    import nam56r.training.data.build as data_build
+    import nam56r.training.data.layout as data_dir
+    from nam56r.training.launcher.train import _ensure_data, choose_data
 
     real_build = data_build.build
     monkeypatch.setattr(data_dir, "default_data_dir", lambda vocab_size: tmp_path / f"cpp-headers-v{vocab_size}")

@@ -1,5 +1,5 @@
-"""`python -m nam56r.training.runlog RUN_DIR --record`: a training run's record in the validation manifest, every
-figure from the run's own summary, on run directories written by nam56r.training.train's and nam56r.training.runlog's
+"""`python -m nam56r.training.runs.summarize RUN_DIR --record`: a training run's record in the validation manifest, every
+figure from the run's own summary, on run directories written by nam56r.training.launcher's and nam56r.training.runs.summary's
 own writers."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def record_run(run_dir: Path, root: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nam56r.training.runlog", str(run_dir), "--record", "--root", str(root)],
+    return subprocess.run([sys.executable, "-m", "nam56r.training.runs.summarize", str(run_dir), "--record", "--root", str(root)],
                           capture_output=True, text=True, env=CPU_ONLY)
 
 
@@ -70,5 +70,5 @@ def test_a_folder_nam56r_train_did_not_write_is_not_recorded(tmp_path: Path) -> 
     proc = record_run(tmp_path / "run", tmp_path / "checkout")
 
     assert proc.returncode == 1
-    assert "not recorded" in proc.stderr and "command.sh not found: not a run directory of nam56r.training.train" in proc.stderr
+    assert "not recorded" in proc.stderr and "command.sh not found: not a run directory of nam56r.training.launcher" in proc.stderr
     assert not (tmp_path / "checkout" / "patches" / "manifest.toml").exists()

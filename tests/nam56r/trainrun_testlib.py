@@ -1,4 +1,4 @@
-"""A run directory as `python -m nam56r.training.train` leaves one, without training: the launcher's own run
+"""A run directory as `python -m nam56r.training.launcher` leaves one, without training: the launcher's own run
 files (model_config.json, recipe.json, command.sh), TensorBoard events under Megatron's tag names and
 wall times, then the launcher's own end-of-run summary (metrics.jsonl, summary.json, the plot)."""
 
@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nam56r.training.flags import RunPaths
+from nam56r.training.launcher.flags import RunPaths
+from nam56r.training.launcher.train import _summarize, _write_run_files
 from nam56r.training.recipe import RECIPES, Recipe
 from nam56r.training.settings import with_overrides
-from nam56r.training.train import _summarize, _write_run_files
 
-COMMAND = "torchrun --nproc-per-node 1 -m nam56r.training.pretrain --train-iters {steps}"
+COMMAND = "torchrun --nproc-per-node 1 -m nam56r.training.launcher.pretrain --train-iters {steps}"
 
 
 def lm_loss(step: int) -> float:

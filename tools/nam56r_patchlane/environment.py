@@ -253,7 +253,7 @@ def restore_wheel_mtimes(target: Target, distribution: str, wheel: Path) -> int:
     """Give the installed files of `distribution` the timestamps their entries carry in `wheel`; the number set.
     pip writes them at install time, and TileLang's kernel-cache key stamps libtilelang.so's mtime: with the wheel's
     own timestamps, every node built from the same wheel keys its compiled kernels alike, so a kernel cache filled on
-    one node serves the others (nam56r.training.kernel_cache)."""
+    one node serves the others (nam56r.training.launcher.kernel_cache)."""
     proc = subprocess.run([target.python, "-c", _RESTORE_MTIMES, str(wheel), distribution], capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]

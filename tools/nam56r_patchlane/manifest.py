@@ -129,7 +129,7 @@ class Record:
 
 @dataclass(frozen=True)
 class TrainRecord:
-    """A training run, with the figures its run directory's summary.json states (`python -m nam56r.training.runlog
+    """A training run, with the figures its run directory's summary.json states (`python -m nam56r.training.runs.summarize
     RUN_DIR --record` builds it there; this module only knows its shape)."""
 
     what: str  # "train:<recipe>"

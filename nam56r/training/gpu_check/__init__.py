@@ -12,18 +12,18 @@ Parts, in order, each with a status (passed | failed | skipped), its wall time a
   packs  `tools/packs.py run --all --needs gpu --jobs 3`: each pack's verdict, per side its exit code and
          sentinels, and the records it appended to patches/manifest.toml.
   train  the tiny recipe for 20 steps with a checkpoint at step 10, then a run resumed from that
-         checkpoint for steps 11-20 (nam56r.training.resume_check; --recipe, --train-args and --resume-args
+         checkpoint for steps 11-20 (nam56r.training.runs.resume_check; --recipe, --train-args and --resume-args
          change the runs, e.g. 4 ranks at EP=4 resumed at EP=4 and at EP=2): per run the first and last loss,
          tokens/s/GPU, TFLOP/s/GPU, peak memory and time to the first step, and the largest |loss
          difference| of the resumed steps against the uninterrupted run; both runs' train records
-         appended to patches/manifest.toml (nam56r.training.train_record).
+         appended to patches/manifest.toml (nam56r.training.runs.record).
 The parts run at the same time by default: each is a few processes that compile TileLang kernels on
 the host and share the GPU (the largest, the proxy model's forward and backward, takes under 50 GiB).
 `--sequential` runs them one after another, for a GPU too small to hold them together. The summary
 (default runs/gpu-check-<time>/summary.json) is rewritten as each part ends, so a check cut short still
 leaves what it found; each part's full output is in a log beside it.
 `--kernel-cache DIR` points every part's Triton, TileLang and Inductor caches into a portable kernel cache
-(nam56r.training.kernel_cache): a cache filled on a node of the same stack serves the check without compiling, an empty
+(nam56r.training.launcher.kernel_cache): a cache filled on a node of the same stack serves the check without compiling, an empty
 DIR is filled by it, and one of another stack is refused (exit 2) naming the difference.
 Exit codes: 0 every part that ran passed; 1 a part failed; 2 no CUDA GPU on this host (nothing runs).
 """

@@ -10,7 +10,7 @@ import sys
 from nam56r.training.gpu_check.options import EXIT_NO_GPU, EXIT_USAGE, PROG, options_from, parse_args
 from nam56r.training.gpu_check.runner import run_check
 from nam56r.training.gpu_check.summary import report
-from nam56r.training.kernel_cache import KernelCacheError, host_key, open_cache
+from nam56r.training.launcher.kernel_cache import KernelCacheError, host_key, open_cache
 
 
 def cuda_gpu_problem() -> str | None:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nam56r import CHECKOUT_ROOT
-from nam56r.training.kernel_cache import ON_MISMATCH, CacheUse
+from nam56r.training.launcher.kernel_cache import ON_MISMATCH, CacheUse
 from nam56r.training.recipe import Recipe, RecipeError
-from nam56r.training.resume_check import ResumeCheck
+from nam56r.training.runs.resume_check import ResumeCheck
 
 ROOT = CHECKOUT_ROOT
 PROG = "python -m nam56r.training.gpu_check"
@@ -76,8 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def launcher_recipe(check: ResumeCheck, options: tuple[str, ...] = ()) -> Recipe:
     """The recipe the launcher makes of the check's recipe, its `train_args` and `options` (refused as the launcher
     refuses them)."""
-    from nam56r.training.train import recipe_from
-    from nam56r.training.train_args import parse_args as parse_launcher_args
+    from nam56r.training.launcher.train import recipe_from
+    from nam56r.training.launcher.train_args import parse_args as parse_launcher_args
 
     args, _ = parse_launcher_args(["--recipe", check.recipe, *check.train_args, *options], "")
     return recipe_from(args, kernels=False)

@@ -1,6 +1,6 @@
 """The check's three parts, each a dict for the summary with its status and problems: `tests` (pytest -m gpu, read
 from its JUnit XML, recorded as one `gpu-tests` manifest record), `packs` (tools/packs.py run, with each pack's
-verdict and records) and `train` (nam56r.training.resume_check's train, checkpoint and resume, each run recorded)."""
+verdict and records) and `train` (nam56r.training.runs.resume_check's train, checkpoint and resume, each run recorded)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from nam56r_patchlane.errors import PatchlaneError
 
 from nam56r.training.gpu_check.options import COVERED_BY_TRAIN, ROOT, Options, launcher_recipe
-from nam56r.training.logged_run import run_logged
-from nam56r.training.resume_check import ResumeResult, build_tiny_data, run_resume_check
+from nam56r.training.runs.logged_run import run_logged
+from nam56r.training.runs.resume_check import ResumeResult, build_tiny_data, run_resume_check
 
 if TYPE_CHECKING:
     from nam56r_patchlane.manifest import GpuTestsRecord
@@ -78,7 +78,7 @@ def append_tests_record(opts: Options, command: list[str], exit_code: int, tests
     `gpu-tests` record appended to <root>/patches/manifest.toml."""
     from nam56r_patchlane.manifest import GpuTestsRecord, append_record, host_stamp, now_utc
 
-    from nam56r.training.train_record import checkout_commit
+    from nam56r.training.runs.record import checkout_commit
 
     commit, dirty = checkout_commit(opts.root)
     by = {outcome: tuple(t["id"] for t in tests if t["outcome"] in kinds)
@@ -123,7 +123,7 @@ def train_part(opts: Options) -> dict:
 
 def train_summary(opts: Options, result: ResumeResult, data: Path) -> dict:
     """The train part from the runs' own directories; appends each run that trained to the manifest."""
-    from nam56r.training.train_record import append_train_record
+    from nam56r.training.runs.record import append_train_record
 
     check = result.check
     problems, records = list(result.problems), []

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from nam56r.training.gpu_check.options import EXIT_FAILED, PARTS, PROG, Options
 from nam56r.training.gpu_check.parts import PART_RUNNERS, merge_packs_parts
 from nam56r.training.gpu_check.summary import SCHEMA, kernel_cache_summary, now_utc, stamp, write_summary
-from nam56r.training.kernel_cache import record_fill, weight_line
+from nam56r.training.launcher.kernel_cache import record_fill, weight_line
 
 
 def run_part(name: str, opts: Options) -> dict:

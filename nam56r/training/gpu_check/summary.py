@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from nam56r.training.gpu_check.options import Options
-from nam56r.training.kernel_cache import CacheUse, weight_line
+from nam56r.training.launcher.kernel_cache import CacheUse, weight_line
 
 SCHEMA = "nam56r.gpu_check/1"
 
@@ -31,7 +31,7 @@ def stamp(opts: Options) -> dict:
 def kernel_cache_summary(use: CacheUse | None) -> dict | None:
     if use is None:
         return None
-    from nam56r.training.kernel_cache import read_manifest
+    from nam56r.training.launcher.kernel_cache import read_manifest
 
     manifest = read_manifest(use.directory)
     return {"directory": str(use.directory), "state": use.state, "message": use.message,

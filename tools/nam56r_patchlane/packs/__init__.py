@@ -5,7 +5,7 @@ Modules, one job each:
   run               `packs run`: the reproducer on the unpatched base and on the patched tree, recorded
   records           a pack's validation records: latest passing run per side, the manifest excerpt
   filing_checklist  `packs preflight`: the pre-filing checklist, every failing item named
-                    (not the training preflight, nam56r.training.preflight)
+                    (not the training preflight, nam56r.training.launcher.preflight)
   markdown_check    will body.md render intact on GitHub
   scrub             private infrastructure and secrets in what would be posted
   waves             `packs waves`: the next filing wave per target repository

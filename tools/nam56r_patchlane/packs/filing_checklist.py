@@ -1,5 +1,5 @@
 """`packs preflight`: the pre-filing checklist, executable. Every item that fails is named. (The training
-preflight, which gates a run, is nam56r.training.preflight; the two share nothing but the word.)
+preflight, which gates a run, is nam56r.training.launcher.preflight; the two share nothing but the word.)
 
 1. The reproducer passed, on both sides, on a named host within the last N days, for the current
    patch and reproducer checksum (the manifest decides, not the body's prose).

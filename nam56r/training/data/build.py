@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from nam56r_patchlane.artifacts import sha256_file
 
-from nam56r.training.data_dir import DataDir
-from nam56r.training.data_format import load_megatron_tokenizer, split_score, token_dtype, write_indexed_dataset
+from nam56r.training.data.format import load_megatron_tokenizer, split_score, token_dtype, write_indexed_dataset
+from nam56r.training.data.layout import DataDir
 
 EOD_TOKEN = "<|endoftext|>"
 SOURCE_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".inl", ".cuh", ".c", ".cc", ".cpp", ".cxx", ".cu")

@@ -1,8 +1,8 @@
-"""The launcher's command line (`python -m nam56r.training.train --help`), generated from declarations: the launcher's
+"""The launcher's command line (`python -m nam56r.training.launcher --help`), generated from declarations: the launcher's
 own options here, the recipe's overrides from the recipe's settings (`nam56r.training.recipe_settings`); Megatron
 flags of your own after `--`.
 
-    python -m nam56r.training.train_args --markdown    # the option table the README holds
+    python -m nam56r.training.launcher.train_args --markdown    # the option table the README holds
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from nam56r.training.kernel_cache import OnMismatch
+from nam56r.training.launcher.kernel_cache import OnMismatch
 from nam56r.training.recipe import RECIPES, Recipe
 from nam56r.training.settings import add_options, option_table, overrides_from, setting
 
-PROG = "python -m nam56r.training.train"
+PROG = "python -m nam56r.training.launcher"
 OPTIONS_BEGIN, OPTIONS_END = "<!-- launcher-options:begin -->", "<!-- launcher-options:end -->"
 
 
@@ -40,7 +40,7 @@ class Places:
     load: Path | None = setting(
         None, cli="--load",
         help="resume from this checkpoint directory; checked before the ranks start: a checkpoint saved at another "
-             "expert-parallel size is refused where its optimizer state cannot load (nam56r.training.resume_layout)")
+             "expert-parallel size is refused where its optimizer state cannot load (nam56r.training.runs.resume_layout)")
     no_save: bool = setting(False, cli="--no-save", flag=True, help="write no checkpoint (throughput runs); refused with --save")
     run_dir: Path | None = setting(None, cli="--run-dir", cli_default="runs/<recipe>-<time>", help="logs, events, summary and plot")
     kernel_cache: Path | None = setting(
@@ -48,7 +48,7 @@ class Places:
         help="a portable compiled-kernel cache (`nox -s prewarm`): its Triton and TileLang kernels load instead of "
              "compiling, and new ones are added; an empty or new DIR is filled by this run. A DIR filled on another stack "
              "(GPU architecture, driver, CUDA, python, torch, triton, tilelang) is refused, naming the difference "
-             "(nam56r.training.kernel_cache)")
+             "(nam56r.training.launcher.kernel_cache)")
     kernel_cache_mismatch: OnMismatch = setting(
         "refuse", cli="--kernel-cache-mismatch",
         help="a --kernel-cache of another stack: refuse the launch, or ignore the cache, saying so, and compile into the "
@@ -91,5 +91,5 @@ def markdown_options() -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--markdown"]:
-        sys.exit(f"usage: python -m nam56r.training.train_args --markdown\n{__doc__}")
+        sys.exit(f"usage: python -m nam56r.training.launcher.train_args --markdown\n{__doc__}")
     print(markdown_options())

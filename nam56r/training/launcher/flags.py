@@ -1,6 +1,6 @@
 """Megatron's training flags for a recipe (`megatron_flags`), checked with Megatron's own parser.
 
-Every flag the launcher passes is produced here, so `nam56r.training.train --dry-run` can print the exact
+Every flag the launcher passes is produced here, so `nam56r.training.launcher --dry-run` can print the exact
 command. The architecture flags come from the table Megatron's config for the model comes from too
 (`nam56r.model.megatron_fields`). The model provider builds from the model config file the launcher
 writes and from the config Megatron derives from these flags, after checking that the two agree on
@@ -25,8 +25,9 @@ from pathlib import Path
 from nam56r.model.config import ModelConfig
 from nam56r.model.linear_cross_entropy import CHUNKED_LINEAR_CE
 from nam56r.model.megatron_fields import architecture_flags
+from nam56r.training.data.layout import DataPaths
 from nam56r.training.recipe import Recipe
-from nam56r.training.run_dir import RunDir
+from nam56r.training.runs.layout import RunDir
 from nam56r.training.settings import switch_flags
 
 # Flags a real run must never carry: synthetic data and the null tokenizer (the original launcher
@@ -41,15 +42,6 @@ REFUSED_FLAGS = {
                               "its forward, where Megatron waits for the all-gather; --overlap-dp-comm on overlaps the "
                               "gradient reduce-scatter)",
 }
-
-
-@dataclass(frozen=True)
-class DataPaths:
-    """Megatron indexed datasets (prefixes, without .bin/.idx) and the HuggingFace tokenizer directory."""
-
-    train_prefix: Path
-    valid_prefix: Path | None
-    tokenizer_dir: Path
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""Fill and inspect a portable compiled-kernel cache (`nam56r.training.kernel_cache`).
+"""Fill and inspect a portable compiled-kernel cache (`nam56r.training.launcher.kernel_cache`).
 
     nox -s prewarm -- --out DIR [--recipe R ...] [--mbs N] [--data DIR]
-    python -m nam56r.training.kernel_cache_cli prewarm --out DIR --recipe tiny-1gpu --recipe proxy-1gpu --mbs 8
-    python -m nam56r.training.kernel_cache_cli show DIR
+    python -m nam56r.training.launcher.kernel_cache_cli prewarm --out DIR --recipe tiny-1gpu --recipe proxy-1gpu --mbs 8
+    python -m nam56r.training.launcher.kernel_cache_cli show DIR
 
 `prewarm` trains each recipe for two steps on this GPU node with `--kernel-cache DIR`: step 1 in the DSA dense
 warm-up and step 2 sparse, so both phases' kernels compile into DIR (Triton, TileLang, Inductor). Its manifest
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from nam56r.training.arg_types import positive_int
-from nam56r.training.kernel_cache import (
+from nam56r.training.launcher.kernel_cache import (
     MANIFEST,
     KernelCacheError,
     host_key,
@@ -49,7 +49,7 @@ def prewarm_command(recipe: str, out: Path, run_dir: Path, *, mbs: int | None, d
 
     shape = get_recipe(recipe, kernels=False, micro_batch=mbs)
     batch = ["--mbs", str(mbs), "--gbs", str(mbs * shape.data_parallel)] if mbs is not None else []
-    command = [sys.executable, "-m", "nam56r.training.train", "--recipe", recipe, *batch, "--steps", str(PREWARM_STEPS),
+    command = [sys.executable, "-m", "nam56r.training.launcher", "--recipe", recipe, *batch, "--steps", str(PREWARM_STEPS),
                "--warmup", "1", "--dense-warmup-steps", "1", "--no-save", "--run-dir", str(run_dir), "--kernel-cache", str(out),
                *(["--data", str(data)] if data else [])]
     return command, fill_label(recipe, shape.batch.micro_batch, shape.model_config().seq_length)
@@ -102,7 +102,7 @@ def show(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m nam56r.training.kernel_cache_cli", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m nam56r.training.launcher.kernel_cache_cli", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     fill = commands.add_parser("prewarm", help="compile recipes' kernels into a cache directory on this GPU node")

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from nam56r_patchlane.artifacts import sha256_file
 
-from nam56r.training.data_format import split_score, token_dtype
+from nam56r.training.data.format import split_score, token_dtype
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 BATCH_ROWS = 512  # rows per encode_batch call

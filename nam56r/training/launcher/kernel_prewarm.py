@@ -13,7 +13,7 @@ their arguments and return kernels that do nothing (nothing compiles, the output
 are mamba's own, shapes and options included; only `B` is then changed, and a process pool calls the real factories
 (`--jobs`, default one per CPU), each compile in its own process.
 
-    python -m nam56r.training.kernel_prewarm --recipe proxy-1gpu --mbs 1-12
+    python -m nam56r.training.launcher.kernel_prewarm --recipe proxy-1gpu --mbs 1-12
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     from nam56r.model.presets import PRESETS
     from nam56r.training.recipe import RECIPES
 
-    parser = argparse.ArgumentParser(prog="python -m nam56r.training.kernel_prewarm", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m nam56r.training.launcher.kernel_prewarm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="proxy-1gpu", choices=sorted(RECIPES),
                         help="the recipe whose shapes to compile for (default proxy-1gpu)")

@@ -1,8 +1,8 @@
 """The process `torchrun` starts on each GPU: Megatron's `pretrain` with NAM56R's model provider,
 forward step and dataset provider.
 
-Launched by `nam56r.training.train` (never by hand: the launcher writes the model config file this reads
-and prints the exact command). Each rank waits at the launcher's gate (`nam56r.training.launch_gate`) after
+Launched by `nam56r.training.launcher` (never by hand: the launcher writes the model config file this reads
+and prints the exact command). Each rank waits at the launcher's gate (`nam56r.training.launcher.launch_gate`) after
 its imports and before Megatron parses a flag. The model is built from that `ModelConfig`; the flags' own view of
 the architecture must agree with it on every fact of `nam56r.model.megatron_fields`' table
 (`architecture_mismatches`) or the run stops before building anything. Every forward step first puts the
@@ -24,11 +24,12 @@ import torch
 
 from nam56r.model.config import ModelConfig
 from nam56r.model.megatron_fields import architecture_mismatches
-from nam56r.training.flags import add_nam56r_args, transformer_config_from_args
-from nam56r.training.launch_gate import wait_for_launch
+from nam56r.training.launcher.flags import add_nam56r_args, transformer_config_from_args
+from nam56r.training.launcher.launch_gate import wait_for_launch
+from nam56r.training.launcher.startup_marks import mark, process_started
 from nam56r.training.phases import DsaPhases, PhaseSwitch
 from nam56r.training.recall_probe import RECALL_KEY, IndexerRecallProbe, RecallReport, RecallSchedule
-from nam56r.training.run_faults import (
+from nam56r.training.runs.faults import (
     RUN_STOPPED_EXIT,
     NonFiniteLoss,
     RunStopped,
@@ -36,7 +37,6 @@ from nam56r.training.run_faults import (
     nonfinite_loss_message,
     planted_nonfinite,
 )
-from nam56r.training.startup_marks import mark, process_started
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
@@ -45,7 +45,9 @@ def load_model_config(path: str | Path) -> ModelConfig:
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise SystemExit(f"model config {path} not found: start training with `python -m nam56r.training.train`, which writes it") from None
+        raise SystemExit(
+            f"model config {path} not found: start training with `python -m nam56r.training.launcher`, which writes it"
+        ) from None
     return ModelConfig.from_dict(data)
 
 
@@ -54,7 +56,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from megatron.training import get_args, get_tokenizer, print_rank_0
 
     from nam56r.model.model import build_model
-    from nam56r.training.preflight import run_preflight
+    from nam56r.training.launcher.preflight import run_preflight
 
     if vp_stage is not None:
         raise SystemExit("virtual pipeline stages are not supported by NAM56R's launcher")
@@ -114,7 +116,7 @@ class StepContext:
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, context: StepContext = StepContext(),
               recall: RecallReport | None = None):
     """Megatron's per-token-loss contract: (sum of masked losses, token count, report). A non-finite
-    loss stops the run (`nam56r.training.run_faults`). With `recall` (a training micro-batch of a run with
+    loss stops the run (`nam56r.training.runs.faults`). With `recall` (a training micro-batch of a run with
     the recall probe on), the report also carries 'indexer recall'."""
     losses = output_tensor.view(-1).float()
     mask = loss_mask.view(-1).float()
@@ -222,7 +224,7 @@ def main() -> None:
     if waited_s is not None:
         print_rank_0(f"launch gate: opened by the launcher after this rank's imports (waited {waited_s:.1f} s)")
     if args.tokenizer_type == "NullTokenizer":
-        raise SystemExit("the null tokenizer is refused: pass a real tokenizer (`--tokenizer DIR` to nam56r.training.train)")
+        raise SystemExit("the null tokenizer is refused: pass a real tokenizer (`--tokenizer DIR` to nam56r.training.launcher)")
     switch = phase_switch_from_args(args, log=print_rank_0)
     print_rank_0(f"DSA phases: {switch.phases.describe()}")
     cfg = pretrain_cfg_container_from_args(args, None)

@@ -1,6 +1,6 @@
 """The gate between the launcher and the ranks it starts, so that their start-up overlaps the launcher's checks.
 
-`nam56r.training.train` starts `torchrun` first, then runs what only it does before a real run: Megatron's
+`nam56r.training.launcher` starts `torchrun` first, then runs what only it does before a real run: Megatron's
 parser over the lowered flags, the preflight, and building the data when it is missing. Meanwhile each rank
 imports torch, Megatron, mamba_ssm and TileLang (tens of seconds), then waits in `wait_for_launch` before
 Megatron parses a flag. The launcher writes the gate file once: ``go`` (the ranks continue) or ``stop`` and

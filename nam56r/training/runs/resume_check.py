@@ -5,7 +5,7 @@ The DSA dense warm-up ends between the checkpoint and the last step (`ResumeChec
 the resumed run starts inside the warm-up and switches to sparse attention itself, at Megatron's step
 number (`nam56r.training.phases`); its steps must still repeat the uninterrupted run's.
 
-Every run goes through `python -m nam56r.training.train` (the real launcher, Megatron's `pretrain`) on a small
+Every run goes through `python -m nam56r.training.launcher` (the real launcher, Megatron's `pretrain`) on a small
 corpus built from this machine's PyTorch headers. `ResumeCheck.train_args` are launcher options for every run
 (e.g. `--gpus-per-node 4 --mbs 4 --ep 4 --moe-dispatch megatron` spreads the tiny recipe over 4 ranks); each
 entry of `ResumeCheck.resumes` is one resumed run from the same checkpoint with its own extra options (e.g.
@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nam56r import CHECKOUT_ROOT
-from nam56r.training.logged_run import LoggedRun, run_logged
-from nam56r.training.run_dir import RunDir
-from nam56r.training.run_events import LOSS_TAG, compare_loss_curves, loss_curve
-from nam56r.training.run_faults import iteration_checkpoint
-from nam56r.training.runlog import headline, resolve_tensorboard_dir
+from nam56r.training.runs.events import LOSS_TAG, compare_loss_curves, loss_curve
+from nam56r.training.runs.faults import iteration_checkpoint
+from nam56r.training.runs.layout import RunDir
+from nam56r.training.runs.logged_run import LoggedRun, run_logged
+from nam56r.training.runs.summary import headline, resolve_tensorboard_dir
 
 ROOT = CHECKOUT_ROOT
 
@@ -73,7 +73,7 @@ class ResumeCheck:
 
 @dataclass(frozen=True)
 class TrainRun:
-    """One `python -m nam56r.training.train` run in `run_dir`, as launched."""
+    """One `python -m nam56r.training.launcher` run in `run_dir`, as launched."""
 
     name: str
     run_dir: Path
@@ -113,8 +113,8 @@ class ResumeResult:
 
 def build_tiny_data(out: Path, vocab_size: int, max_docs: int = 600) -> Path:
     """A small corpus (the first `max_docs` PyTorch headers) in `out`, unless one is already there."""
-    from nam56r.training.data_build import CorpusConfig, build, torch_include_dir
-    from nam56r.training.data_dir import DataDir
+    from nam56r.training.data.build import CorpusConfig, build, torch_include_dir
+    from nam56r.training.data.layout import DataDir
 
     if not DataDir(out).manifest.is_file():
         build(out, vocab_size, CorpusConfig(sources=(torch_include_dir(),), max_docs=max_docs))
@@ -123,9 +123,9 @@ def build_tiny_data(out: Path, vocab_size: int, max_docs: int = 600) -> Path:
 
 def train_run(name: str, run_dir: Path, args: list[str], python: str = sys.executable, timeout_s: float = 1800.0,
               echo: bool = True) -> LoggedRun:
-    """`python -m nam56r.training.train ARGS --run-dir RUN_DIR`, its output in RUN_DIR.log (echoed as '[train NAME] ...')."""
+    """`python -m nam56r.training.launcher ARGS --run-dir RUN_DIR`, its output in RUN_DIR.log (echoed as '[train NAME] ...')."""
     cut = args.index("--") if "--" in args else len(args)  # Megatron's extra flags stay last
-    command = [python, "-m", "nam56r.training.train", *args[:cut], "--run-dir", str(run_dir), *args[cut:]]
+    command = [python, "-m", "nam56r.training.launcher", *args[:cut], "--run-dir", str(run_dir), *args[cut:]]
     return run_logged(command, run_dir.with_name(run_dir.name + ".log"), f"train {name}", ROOT, timeout_s, echo)
 
 

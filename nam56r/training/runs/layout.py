@@ -1,5 +1,5 @@
 """The layout of one training run's directory (`--run-dir`, default runs/<recipe>-<time>/): every path inside
-it comes from `RunDir`, for the launcher that writes it and the readers (runlog, train records, the resume
+it comes from `RunDir`, for the launcher that writes it and the readers (the run summary, train records, the resume
 check, the benches) alike."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class RunDir:
         return self.path / "logs"
 
     def launch_gate(self, node_rank: int) -> Path:
-        """The verdict of node `node_rank`'s launcher for the ranks it started (`nam56r.training.launch_gate`): one
+        """The verdict of node `node_rank`'s launcher for the ranks it started (`nam56r.training.launcher.launch_gate`): one
         file per node, as each node's launcher gates its own ranks and the run directory may be shared."""
         return self.path / f"launch-node{node_rank}.gate"
 

@@ -1,6 +1,6 @@
 """Megatron's side of the data: the tokenizer as Megatron loads it, the token dtype it picks, indexed
 datasets written with its builder and read back with its IndexedDataset, the split rule and checksums
-that the build (`nam56r.training.data_build`) and the converter (`nam56r.training.data_convert`) share."""
+that the build (`nam56r.training.data.build`) and the converter (`nam56r.training.data.convert`) share."""
 
 from __future__ import annotations
 

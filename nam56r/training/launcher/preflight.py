@@ -1,8 +1,8 @@
 """Preflight before any training step: the patch series are applied (by checksum), the fused paths
 the config asks for are importable and take its shapes (`nam56r.model.fused_constraints`), and the GPU is
-one NAM56R trains on, with enough shared memory for the TileLang kernels in use (`nam56r.training.gpu_arch`).
+one NAM56R trains on, with enough shared memory for the TileLang kernels in use (`nam56r.training.launcher.gpu_arch`).
 
-    python -m nam56r.training.preflight --preset nam56r
+    python -m nam56r.training.launcher.preflight --preset nam56r
 
 Each check names the missing piece and how to get it; `run_preflight(...).raise_if_failed()`
 stops training on the first report with failures. It reads the series and each tree's state file
@@ -27,7 +27,7 @@ from nam56r_patchlane.statefile import state_path
 
 from nam56r import CHECKOUT_ROOT
 from nam56r.model.config import ModelConfig
-from nam56r.training.gpu_arch import arch_check
+from nam56r.training.launcher.gpu_arch import arch_check
 
 ROOT = CHECKOUT_ROOT
 # upstream -> (import name, folder of the package inside the materialized tree)
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from nam56r.model.presets import PRESETS, get_preset
 
     parser = argparse.ArgumentParser(
-        prog="python -m nam56r.training.preflight", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m nam56r.training.launcher.preflight", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--preset", default="nam56r", choices=sorted(PRESETS))
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU check (to check a build on a CPU host)")

@@ -1,17 +1,12 @@
-"""Per-step metrics, a steady-state summary and the loss/throughput plot of a run, from the
-TensorBoard events Megatron writes (`training_log` in megatron/training/training.py).
+"""A run's per-step metrics and steady-state summary, from the TensorBoard events Megatron writes
+(`training_log` in megatron/training/training.py); `python -m nam56r.training.runs.summarize` is its command.
 
-    python -m nam56r.training.runlog RUN_DIR                  # a run of nam56r.training.train: its model_config.json and recipe.json
-    python -m nam56r.training.runlog RUN_DIR --preset nam56r --seq 4096 --world-size 8
-
-Works on a run in progress (it reads what has been flushed). Writes, next to the events unless
-`--out` says otherwise: `metrics.jsonl` (one line per logged step with every scalar Megatron wrote
-there, plus tokens/s/GPU and TFLOP/s/GPU), `summary.json` (medians over a stated steady-state
-window, peak memory, first/last losses, the time to the first step, the FLOP formula) and
-`loss_throughput.png`. summary.json's `series` holds the per-step curves a comparison of runs plots
-(`nam56r.training.compare_runs`): 'lm_loss' at every logged step and 'indexer_recall' at the steps the
-recall probe measured (`nam56r.training.recall_probe`; empty without it). `--record` then appends the
-run's train record to patches/manifest.toml (`nam56r.training.train_record`).
+`summarize_run` writes, into the run directory: `metrics.jsonl` (one line per logged step with every scalar
+Megatron wrote there, plus tokens/s/GPU and TFLOP/s/GPU), `summary.json` (medians over a stated steady-state
+window, peak memory, first/last losses, the time to the first step, the FLOP formula) and `loss_throughput.png`
+(`nam56r.training.runs.plot`). summary.json's `series` holds the per-step curves a comparison of runs plots
+(`nam56r.training.runs.compare`): 'lm_loss' at every logged step and 'indexer_recall' at the steps the
+recall probe measured (`nam56r.training.recall_probe`; empty without it). `headline` reads its figures back.
 
 Megatron's tags (core_v0.19.0): 'lm loss' and the other loss keys ('mtp_1 loss', 'indexer loss', 'indexer
 recall') at every --tensorboard-log-interval step; 'iteration-time' (seconds per iteration, averaged over
@@ -25,20 +20,17 @@ Megatron's 'throughput', whose formula knows neither Mamba-3, DSA nor the n-gram
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
 import statistics
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r.model.config import ModelConfig
 from nam56r.model.flops import FORMULA, flops_per_token
-from nam56r.training.run_dir import RunDir
-from nam56r.training.run_events import (
+from nam56r.training.runs.events import (
     BATCH_SIZE_TAG,
     ITERATION_TIME_TAG,
     LOSS_TAG,
@@ -52,7 +44,8 @@ from nam56r.training.run_events import (
     run_series,
     time_to_first_step,
 )
-from nam56r.training.run_plot import format_tflops, plot_run
+from nam56r.training.runs.layout import RunDir
+from nam56r.training.runs.plot import plot_run
 
 # Iterations 3..25 of the run: the first two carry kernel compilation/autotuning and allocator warm-up.
 DEFAULT_WINDOW = (3, 25)
@@ -301,100 +294,11 @@ def write_run_files(out: RunDir, rows: Sequence[Row], scalars: Mapping[str, Mapp
         for row in rows:
             f.write(json.dumps(row, allow_nan=False) + "\n")
     out.summary.write_text(json.dumps(summary.to_json(), indent=2, allow_nan=False) + "\n")
-    plot_run(rows, scalars, summary, out.plot)
+    window = (summary.window.first_step, summary.window.last_step)
+    plot_run(rows, scalars, out.plot, preset=summary.preset, median_tflops=summary.tflops_per_s_per_gpu, window=window)
 
 
 def resolve_tensorboard_dir(run_dir: Path) -> Path:
-    """A run folder's `tensorboard/` (where nam56r.training.flags points Megatron), or the folder itself."""
+    """A run folder's `tensorboard/` (where nam56r.training.launcher.flags points Megatron), or the folder itself."""
     nested = RunDir(run_dir).tensorboard
     return nested if nested.is_dir() else run_dir
-
-
-def _run_model_and_world(run_dir: Path, preset: str | None, world_size: int | None) -> tuple[ModelConfig, int]:
-    """The model a run trained and its GPU count. A run started by nam56r.training.train records both
-    (model_config.json: the exact config, IndexCache and sequence length included; recipe.json);
-    a preset stands in only where the run has no model_config.json."""
-    from nam56r.model.presets import get_preset
-
-    layout = RunDir(run_dir)
-    model_file, recipe_file = layout.model_config, layout.recipe
-    if model_file.is_file():
-        config = ModelConfig.from_dict(json.loads(model_file.read_text()))
-        if preset is not None and preset != config.name:
-            raise ValueError(f"--preset {preset} disagrees with {model_file}, which trained {config.name}")
-    elif preset is not None:
-        config = get_preset(preset)
-    else:
-        raise ValueError(f"{run_dir} has no model_config.json: pass --preset")
-    if world_size is None:
-        if not recipe_file.is_file():
-            raise ValueError(f"{run_dir} has no recipe.json: pass --world-size")
-        from nam56r.training.recipe import settings_of
-
-        settings = settings_of(json.loads(recipe_file.read_text()), ("nodes", "gpus_per_node"))
-        world_size = settings["nodes"] * settings["gpus_per_node"]
-    return config, world_size
-
-
-def main(argv: list[str] | None = None) -> int:
-    from nam56r.model.presets import PRESETS
-
-    parser = argparse.ArgumentParser(
-        prog="python -m nam56r.training.runlog", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("run_dir", type=Path, help="the run folder (its tensorboard/ is read) or a TensorBoard folder")
-    parser.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        help="the model preset the run trains (default: the run's model_config.json, written by nam56r.training.train)",
-    )
-    parser.add_argument("--seq", type=int, help="sequence length (default: the model config's)")
-    parser.add_argument("--world-size", type=int, help="GPUs of the run (default: from the run's recipe.json)")
-    parser.add_argument("--out", type=Path, help="where to write metrics.jsonl, summary.json and the plot (default: RUN_DIR)")
-    parser.add_argument("--record", action="store_true", help="then append the run's train record to patches/manifest.toml")
-    parser.add_argument("--root", type=Path, help="with --record: the checkout whose patches/manifest.toml gets it (default: this one)")
-    parser.add_argument(
-        "--window",
-        type=int,
-        nargs=2,
-        metavar=("FIRST", "LAST"),
-        default=DEFAULT_WINDOW,
-        help="steady-state iterations of the run (default: 3 25)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        config, world_size = _run_model_and_world(args.run_dir, args.preset, args.world_size)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    seq = args.seq if args.seq is not None else config.seq_length
-    tensorboard_dir = resolve_tensorboard_dir(args.run_dir)
-    try:
-        summary = summarize_run(tensorboard_dir, config, seq, world_size, args.out or args.run_dir, window=tuple(args.window))
-    except (FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    lm = summary.losses.get(LOSS_TAG, {})
-    memory = f"{summary.peak_memory_bytes / 2**30:.2f} GiB" if summary.peak_memory_bytes is not None else f"not logged ({PEAK_MEMORY_TAG})"
-    print(f"run {tensorboard_dir}: steps {summary.first_step}..{summary.last_step}, {summary.preset}, seq {seq}, {summary.world_size} GPUs")
-    print(f"window: {summary.window.rule}")
-    print(f"median iteration time {summary.iteration_time_s:.3f} s, global batch {summary.global_batch_size}")
-    tflops = format_tflops(summary.tflops_per_s_per_gpu)
-    print(f"median tokens/s/GPU {summary.tokens_per_s_per_gpu:,.0f}, TFLOP/s/GPU {tflops} ({summary.formula})")
-    print(f"peak memory {memory}")
-    print(f"lm loss {lm.get('first')} (step {lm.get('first_step')}) -> {lm.get('last')} (step {lm.get('last_step')})")
-    print("wrote " + ", ".join(summary.files.values()))
-    if args.record:
-        from nam56r.training.train_record import ROOT, append_train_record
-
-        try:
-            record, path = append_train_record(args.run_dir, args.root or ROOT, Path(summary.files["summary"]))
-        except (FileNotFoundError, ValueError) as error:
-            print(f"error: not recorded: {error}", file=sys.stderr)
-            return 1
-        print(f"appended to {path}: {record.what} ({record.figures})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

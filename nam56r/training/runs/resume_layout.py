@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nam56r.training.run_faults import iteration_checkpoint, tracked_checkpoint
+from nam56r.training.runs.faults import iteration_checkpoint, tracked_checkpoint
 
 
 @dataclass(frozen=True)

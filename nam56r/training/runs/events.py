@@ -3,7 +3,7 @@ every scalar by tag and step, loss curves (from the events, or from the log of a
 were flushed) and their comparison, and the time to the first step.
 
 The tags below are Megatron's (core_v0.19.0); which flags make Megatron write each of them is listed in
-`python -m nam56r.training.runlog --help`. '... vs samples' tags are keyed by consumed samples, not
+`python -m nam56r.training.runs.summarize --help`. '... vs samples' tags are keyed by consumed samples, not
 iterations, so `read_scalars` leaves them out.
 """
 

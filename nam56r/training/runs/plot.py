@@ -7,10 +7,6 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from nam56r.training.runlog import RunSummary
 
 _PLOTTED_LOSS = re.compile(r"^(lm|mtp_\d+) loss( validation.*)?$")
 
@@ -20,9 +16,11 @@ def format_tflops(value: float) -> str:
 
 
 def plot_run(
-    rows: Sequence[Mapping[str, float | int | None]], scalars: Mapping[str, Mapping[int, float]], summary: RunSummary, path: Path
+    rows: Sequence[Mapping[str, float | int | None]], scalars: Mapping[str, Mapping[int, float]], path: Path, *,
+    preset: str, median_tflops: float, window: tuple[int, int],
 ) -> None:
-    """Loss vs step (left panel); tokens/s/GPU and TFLOP/s/GPU vs step (right), window shaded."""
+    """Loss vs step (left panel); tokens/s/GPU and TFLOP/s/GPU vs step (right), the steady-state `window`
+    (first and last step) shaded; `median_tflops` is the summary's median over it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -35,16 +33,16 @@ def plot_run(
         if points:
             style = {"marker": "o", "linestyle": "--"} if "validation" in tag else {"linewidth": 1.2}
             loss_axes.plot([s for s, _ in points], [v for _, v in points], label=tag, **style)
-    loss_axes.set(xlabel="step", ylabel="loss", title=f"{summary.preset}: loss")
+    loss_axes.set(xlabel="step", ylabel="loss", title=f"{preset}: loss")
     loss_axes.grid(alpha=0.3)
     loss_axes.legend(fontsize=8)
 
     timed = [r for r in rows if "tokens_per_s_per_gpu" in r]
     steps = [r["step"] for r in timed]
     speed_axes.plot(steps, [r["tokens_per_s_per_gpu"] for r in timed], color="tab:blue", marker=".", label="tokens/s/GPU")
-    title = f"throughput (median {format_tflops(summary.tflops_per_s_per_gpu)} TFLOP/s/GPU over the window)"
+    title = f"throughput (median {format_tflops(median_tflops)} TFLOP/s/GPU over the window)"
     speed_axes.set(xlabel="step", ylabel="tokens/s/GPU", title=title)
-    speed_axes.axvspan(summary.window.first_step, summary.window.last_step, color="tab:green", alpha=0.12, label="steady-state window")
+    speed_axes.axvspan(*window, color="tab:green", alpha=0.12, label="steady-state window")
     speed_axes.grid(alpha=0.3)
     tflops_axes = speed_axes.twinx()
     tflops_axes.plot(steps, [r["tflops_per_s_per_gpu"] for r in timed], color="tab:red", linestyle="--",

@@ -1,12 +1,12 @@
-"""Two or more runs side by side, from their summary.json files (`nam56r.training.runlog`): LM loss over
+"""Two or more runs side by side, from their summary.json files (`nam56r.training.runs.summary`): LM loss over
 steps on the left; in the middle, each later run's LM loss minus the first run's at the same step with its
 moving mean (runs of one recipe and seed read the same batches in the same order, so the step-to-step noise of
 a small batch cancels); the indexer's top-k recall against dense attention's on the right
 (`nam56r.training.recall_probe`), one line per run; a dotted line marks where a run's DSA dense warm-up
-ended, read from the recipe.json beside its summary (`nam56r.training.train` writes both). It prints each
+ended, read from the recipe.json beside its summary (`nam56r.training.launcher` writes both). It prints each
 later run's mean difference over the second half of the common steps, with its standard error.
 
-    python -m nam56r.training.compare_runs runs/warmup/summary.json runs/no-warmup/summary.json \\
+    python -m nam56r.training.runs.compare runs/warmup/summary.json runs/no-warmup/summary.json \\
         --labels "dense warm-up 50" "no warm-up" --out warmup_vs_none.png
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from nam56r.training.arg_types import positive_int
 from nam56r.training.recipe import settings_of
-from nam56r.training.run_dir import RunDir
+from nam56r.training.runs.layout import RunDir
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def read_run(summary_path: Path, label: str) -> RunCurves:
     summary = json.loads(summary_path.read_text())
     series = summary.get("series")
     if not series or "lm_loss" not in series:
-        raise ValueError(f"{summary_path} has no per-step series: rewrite it with `python -m nam56r.training.runlog RUN_DIR`")
+        raise ValueError(f"{summary_path} has no per-step series: rewrite it with `python -m nam56r.training.runs.summarize RUN_DIR`")
     if not series["lm_loss"]:
         raise ValueError(f"{summary_path}: its run logged no 'lm loss'")
     recipe_file = RunDir(summary_path.parent).recipe
@@ -120,9 +120,9 @@ def plot_runs(runs: list[RunCurves], path: Path, window: int = 25) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m nam56r.training.compare_runs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m nam56r.training.runs.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("summaries", type=Path, nargs="+", help="summary.json of each run (nam56r.training.runlog writes it)")
+    parser.add_argument("summaries", type=Path, nargs="+", help="summary.json of each run (nam56r.training.runs.summary writes it)")
     parser.add_argument("--labels", nargs="+", help="one legend label per run (default: each run's folder name)")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
     parser.add_argument("--window", type=positive_int, default=25, help="steps in the difference's moving mean (default: 25)")

@@ -1,4 +1,4 @@
-"""The data a run reads, checked before any GPU work (`nam56r.training.train` calls `check_data` after choosing
+"""The data a run reads, checked before any GPU work (`nam56r.training.launcher` calls `check_data` after choosing
 the data and before the preflight, dry runs included).
 
 Per Megatron prefix (train, and valid when there is one):
@@ -8,7 +8,7 @@ Per Megatron prefix (train, and valid when there is one):
 - the .bin holds exactly the bytes the index accounts for (shorter: truncated; longer: the two
   files come from different writes);
 - it holds at least one token;
-- `nam56r.training.data_format.check_prefix` opens it with Megatron's IndexedDataset, and no token id reaches the
+- `nam56r.training.data.format.check_prefix` opens it with Megatron's IndexedDataset, and no token id reaches the
   model's vocabulary and every document ends in the tokenizer's EOD id.
 And the tokenizer (which Megatron's pretrain loads) loads and fits the model's vocabulary.
 
@@ -34,10 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from nam56r import verbose
-from nam56r.training.data import BUILD_COMMAND, CONVERT_COMMAND
-from nam56r.training.data_dir import DataDir
-from nam56r.training.data_format import PrefixReport, check_prefix
-from nam56r.training.flags import DataPaths
+from nam56r.training.data.format import PrefixReport, check_prefix
+from nam56r.training.data.layout import BUILD_COMMAND, CONVERT_COMMAND, DataDir, DataPaths
 
 
 class DataCheckError(ValueError):
@@ -181,8 +179,8 @@ def check_prefix_data(prefix: Path, vocab_size: int, eod_id: int | None) -> Pref
 
 
 def load_tokenizer_info(tokenizer_dir: Path) -> TokenizerInfo:
-    """The tokenizer's size and EOD as Megatron's pretrain reads them (`nam56r.training.data.load_megatron_tokenizer`)."""
-    from nam56r.training.data_format import load_megatron_tokenizer
+    """The tokenizer's size and EOD as Megatron's pretrain reads them (`nam56r.training.data.format.load_megatron_tokenizer`)."""
+    from nam56r.training.data.format import load_megatron_tokenizer
 
     if not Path(tokenizer_dir).is_dir():
         raise DataCheckError(f"tokenizer directory {tokenizer_dir} does not exist: pass --tokenizer DIR (a HuggingFace tokenizer "
@@ -212,7 +210,7 @@ def check_data(paths: DataPaths, vocab_size: int) -> DataCheck:
 
 
 def _recorded_eod(prefix: Path) -> int | None:
-    from nam56r.training.data import eod_id_near
+    from nam56r.training.data.manifest import eod_id_near
 
     try:
         return eod_id_near(prefix)

@@ -10,11 +10,13 @@ from pathlib import Path
 from nam56r import CHECKOUT_ROOT
 
 DEFAULT_DATA_DIR = Path("data")  # relative to the repository root; git-ignored
+BUILD_COMMAND = "python -m nam56r.training.data build"
+CONVERT_COMMAND = "python -m nam56r.training.data convert"
 
 
 def default_data_dir(vocab_size: int, root: Path = CHECKOUT_ROOT) -> Path:
     """The default corpus for a vocabulary size: `<root>/data/cpp-headers-v<N>`. Where
-    `python -m nam56r.training.data build` writes and where `nam56r.training.train` reads when no --data is given."""
+    `python -m nam56r.training.data build` writes and where `nam56r.training.launcher` reads when no --data is given."""
     return root / DEFAULT_DATA_DIR / f"cpp-headers-v{vocab_size}"
 
 
@@ -50,3 +52,12 @@ class DataDir:
         if split not in self.SPLITS:
             raise ValueError(f"unknown split {split!r}: a data directory holds {' and '.join(self.SPLITS)}")
         return self.train_prefix if split == "train" else self.valid_prefix
+
+
+@dataclass(frozen=True)
+class DataPaths:
+    """Megatron indexed datasets (prefixes, without .bin/.idx) and the HuggingFace tokenizer directory: what a run reads."""
+
+    train_prefix: Path
+    valid_prefix: Path | None
+    tokenizer_dir: Path

@@ -2,7 +2,7 @@
 
     python -m nam56r.training.data build [--out DIR] [--vocab-size N] [--source DIR ...]   # no download
     python -m nam56r.training.data check PREFIX ...                                         # counts, EOD at every end
-    python -m nam56r.training.data convert FILE ... --out PREFIX ...   # your jsonl/parquet (nam56r.training.data_convert)
+    python -m nam56r.training.data convert FILE ... --out PREFIX ...   # your jsonl/parquet (nam56r.training.data.convert)
 
 `build` makes a C/C++ corpus from the headers the installed PyTorch wheel ships (about 9,400
 files, 39 MB; one file is one document), trains a byte-level BPE tokenizer on its train split and
@@ -17,93 +17,30 @@ writes Megatron indexed datasets with Megatron's own builder:
 The split is decided per document by a sha256 of its path relative to its source root, so it does
 not move when documents are added, removed or capped (save the one document moved to valid when
 none falls there), and the same relative path under two roots lands in the same split. The launcher
-reads the result with `read_data_manifest(dir)`; `DataManifest.check_vocab` compares it with a model.
+reads the result with `read_data_manifest(dir)` (`nam56r.training.data.manifest`); `DataManifest.check_vocab`
+compares it with a model.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r.model.config import ModelConfig
-from nam56r.training.data_build import SOURCE_SUFFIXES, CorpusConfig, build, format_summary, torch_include_dir
-from nam56r.training.data_dir import DEFAULT_DATA_DIR, DataDir, default_data_dir
-from nam56r.training.data_format import check_prefix
-
-BUILD_COMMAND = "python -m nam56r.training.data build"
-CONVERT_COMMAND = "python -m nam56r.training.data convert"
-
-
-@dataclass(frozen=True)
-class DataManifest:
-    """What the launcher needs from a built data directory (absolute paths)."""
-
-    directory: Path
-    train_prefix: Path  # Megatron prefixes: add .bin / .idx
-    valid_prefix: Path
-    tokenizer_dir: Path
-    vocab_size: int  # the tokenizer's real size (may be below the size asked for: see data.json)
-    eod_id: int
-
-    def check_vocab(self, model_vocab_size: int) -> None:
-        """Raise if the model's embedding cannot hold every token id of this data."""
-        if self.vocab_size > model_vocab_size:
-            raise ValueError(
-                f"the data in {self.directory} uses a {self.vocab_size}-token vocabulary but the model's vocab_size is "
-                f"{model_vocab_size}: rebuild it with `{BUILD_COMMAND} --out {self.directory} --vocab-size {model_vocab_size} --force`"
-            )
-
-
-def read_data_manifest(directory: Path) -> DataManifest:
-    """The built data in `directory`; raises FileNotFoundError naming the command that builds it."""
-    layout = DataDir(Path(directory).resolve())
-    directory, path = layout.path, layout.manifest
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no training data in {directory} ({path.name} is missing): build it with `{BUILD_COMMAND} --out {directory}`"
-        )
-    raw = json.loads(path.read_text())
-    manifest = DataManifest(
-        directory=directory,
-        train_prefix=directory / raw["prefixes"]["train"],
-        valid_prefix=directory / raw["prefixes"]["valid"],
-        tokenizer_dir=directory / raw["tokenizer_dir"],
-        vocab_size=raw["vocab_size"]["reached"],
-        eod_id=raw["eod_id"],
-    )
-    missing = [str(p) for p in (*_files(manifest.train_prefix), *_files(manifest.valid_prefix), manifest.tokenizer_dir) if not p.exists()]
-    if missing:
-        raise FileNotFoundError(
-            f"{path} names files that are gone ({', '.join(missing)}): rebuild with `{BUILD_COMMAND} --out {directory} --force`"
-        )
-    return manifest
-
-
-def _files(prefix: Path) -> tuple[Path, Path]:
-    return Path(f"{prefix}.bin"), Path(f"{prefix}.idx")
-
-
-def eod_id_near(prefix: Path) -> int | None:
-    """The EOD id recorded for `prefix`: by the converter in `<prefix>.json`, or by the build in data.json beside it."""
-    if (own := Path(f"{prefix}.json")).is_file():
-        return json.loads(own.read_text()).get("eod_id")
-    if (built := DataDir(prefix.parent).manifest).is_file():
-        raw = json.loads(built.read_text())
-        if prefix.name in raw.get("prefixes", {}).values():
-            return raw.get("eod_id")
-    return None
+from nam56r.training.data.build import SOURCE_SUFFIXES, CorpusConfig, build, format_summary, torch_include_dir
+from nam56r.training.data.format import check_prefix
+from nam56r.training.data.layout import DEFAULT_DATA_DIR, DataDir, default_data_dir
+from nam56r.training.data.manifest import dataset_files, eod_id_near
 
 
 def _check_main(args: argparse.Namespace) -> int:
     failed = 0
     for prefix in args.prefixes:
         prefix = Path(str(prefix).removesuffix(".bin").removesuffix(".idx"))
-        if missing := [str(p) for p in _files(prefix) if not p.is_file()]:
+        if missing := [str(p) for p in dataset_files(prefix) if not p.is_file()]:
             raise SystemExit(f"no dataset at {prefix}: {', '.join(missing)} missing (pass the prefix, without .bin/.idx)")
         eod = args.eod_id if args.eod_id is not None else eod_id_near(prefix)
         if eod is None:
@@ -156,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--eod-id", type=int, metavar="N", help="EOD id (default: read from data.json beside the prefix or <PREFIX>.json)")
     commands.add_parser("convert", add_help=False, help="convert your jsonl/parquet (text or token ids); see `convert --help`")
     if argv[:1] == ["convert"]:
-        from nam56r.training.data_convert import main as convert_main
+        from nam56r.training.data.convert import main as convert_main
 
         return convert_main(argv[1:])
     args = parser.parse_args(argv)
@@ -164,6 +101,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.simplefilter("ignore")  # Megatron's import-time notices about missing TE/Apex
         return _build_main(args, argv) if args.command == "build" else _check_main(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,12 +1,12 @@
 """Train NAM56R: a recipe, lowered to Megatron's flags, launched with torchrun.
 
-    python -m nam56r.training.train --recipe proxy-1gpu --dry-run     # print everything, start nothing (any machine)
-    python -m nam56r.training.train --recipe proxy-1gpu               # one GPU, default data
-    python -m nam56r.training.train --recipe h200x8-bf16 --steps 2000 --save /ckpt/run1
-    python -m nam56r.training.train --recipe h200x8-bf16 --load /ckpt/run1 --save /ckpt/run1   # resume
-    python -m nam56r.training.train --recipe h200x8-bf16 --nodes 4 --slurm-script job.sbatch    # several nodes
+    python -m nam56r.training.launcher --recipe proxy-1gpu --dry-run     # print everything, start nothing (any machine)
+    python -m nam56r.training.launcher --recipe proxy-1gpu               # one GPU, default data
+    python -m nam56r.training.launcher --recipe h200x8-bf16 --steps 2000 --save /ckpt/run1
+    python -m nam56r.training.launcher --recipe h200x8-bf16 --load /ckpt/run1 --save /ckpt/run1   # resume
+    python -m nam56r.training.launcher --recipe h200x8-bf16 --nodes 4 --slurm-script job.sbatch    # several nodes
 
-Before launching it checks the recipe (`nam56r.training.recipe`), then the data (`nam56r.training.data_checks`): the
+Before launching it checks the recipe (`nam56r.training.recipe`), then the data (`nam56r.training.data.checks`): the
 --data path exists; each train and valid .idx reads with Megatron's index reader, each .bin holds
 exactly the bytes its index points at, opens with Megatron's IndexedDataset and holds tokens; no
 token id reaches the model's vocabulary and every document ends in EOD; the tokenizer loads and
@@ -15,7 +15,7 @@ naming the fix, and exit status 2, dry runs included. Then Megatron's own parser
 flag and derives the model config (which must match ours), and the preflight runs (patches applied
 and unmodified, fused kernels importable, a GPU NAM56R trains on). A real run starts torchrun before
 those two, so its ranks import torch, Megatron and the kernels meanwhile; they wait at the launch gate
-(`nam56r.training.launch_gate`) and continue only once every check has passed and the data is built,
+(`nam56r.training.launcher.launch_gate`) and continue only once every check has passed and the data is built,
 else they exit having built nothing and the launcher reports what failed. Without `--data` it trains on the default
 C/C++ corpus (`python -m nam56r.training.data build`), built on first use. Runs write to `--run-dir`
 (default `runs/<recipe>-<time>`): the command, the model config, per-rank logs, TensorBoard
@@ -39,8 +39,8 @@ from pathlib import Path
 
 from nam56r import CHECKOUT_ROOT, VERBOSE_ENV, show_known_warnings
 from nam56r.model.megatron_fields import architecture_mismatches
-from nam56r.training.flags import (
-    DataPaths,
+from nam56r.training.data.layout import DataPaths
+from nam56r.training.launcher.flags import (
     RunPaths,
     megatron_flags,
     megatron_validate,
@@ -48,15 +48,15 @@ from nam56r.training.flags import (
     refused_flags,
     transformer_config_from_args,
 )
-from nam56r.training.kernel_cache import KernelCacheChoice, KernelCacheError, record_fill
-from nam56r.training.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
-from nam56r.training.launch_gate import LaunchGate
+from nam56r.training.launcher.kernel_cache import KernelCacheChoice, KernelCacheError, record_fill
+from nam56r.training.launcher.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
+from nam56r.training.launcher.launch_gate import LaunchGate
+from nam56r.training.launcher.startup_marks import mark, start_clock
+from nam56r.training.launcher.train_args import parse_args, recipe_overrides
 from nam56r.training.recipe import RECIPES, Recipe, RecipeError, get_recipe
-from nam56r.training.resume_layout import check_resume
-from nam56r.training.run_dir import RunDir
+from nam56r.training.runs.layout import RunDir
+from nam56r.training.runs.resume_layout import check_resume
 from nam56r.training.settings import banner_lines
-from nam56r.training.startup_marks import mark, start_clock
-from nam56r.training.train_args import parse_args, recipe_overrides
 
 ROOT = CHECKOUT_ROOT
 CHECKPOINT_MARKER = "latest_checkpointed_iteration.txt"
@@ -81,7 +81,7 @@ class DataChoice:
 def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
     """The data the run reads: --data (a directory with data.json, or a prefix with --tokenizer), else
     the default corpus for the model's vocab size (possibly not built yet)."""
-    from nam56r.training.data_dir import DataDir, default_data_dir
+    from nam56r.training.data.layout import DataDir, default_data_dir
 
     if args.data is None:
         directory = default_data_dir(vocab_size)
@@ -114,9 +114,9 @@ def choose_data(args: argparse.Namespace, vocab_size: int) -> DataChoice:
 
 
 def check_data_or_refuse(data: DataChoice, vocab_size: int) -> str:
-    """Refuse, before any GPU work, data the model cannot train on (`nam56r.training.data_checks`); dry runs too.
+    """Refuse, before any GPU work, data the model cannot train on (`nam56r.training.data.checks`); dry runs too.
     Returns what was checked, one line."""
-    from nam56r.training.data_checks import DataCheckError, check_data
+    from nam56r.training.data.checks import DataCheckError, check_data
 
     try:
         return check_data(data.paths, vocab_size).summary()
@@ -126,7 +126,7 @@ def check_data_or_refuse(data: DataChoice, vocab_size: int) -> str:
 
 def _built_data(directory: Path, vocab_size: int) -> DataPaths:
     """The prefixes and tokenizer of a directory written by `nam56r.training.data build`/`convert`, checked against the model's vocab."""
-    from nam56r.training.data import read_data_manifest
+    from nam56r.training.data.manifest import read_data_manifest
 
     try:
         manifest = read_data_manifest(directory)
@@ -278,7 +278,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 def _checks(megatron_argv: list[str], recipe: Recipe, model, backend_problem: str | None, dry_run: bool):
     """The preflight and Megatron's parser over the lowered flags, printed; the report (a dry run reports a
     rejected flag as a failed check instead of raising)."""
-    from nam56r.training.preflight import run_preflight
+    from nam56r.training.launcher.preflight import run_preflight
 
     report = run_preflight(model)
     if backend_problem:
@@ -368,8 +368,8 @@ def _ensure_data(data: DataChoice, vocab_size: int) -> None:
     into the flags (checked), so nothing is lowered, validated or printed a second time."""
     if data.ready:
         return
-    from nam56r.training.data_build import CorpusConfig, build, format_summary, torch_include_dir
-    from nam56r.training.data_dir import default_data_dir
+    from nam56r.training.data.build import CorpusConfig, build, format_summary, torch_include_dir
+    from nam56r.training.data.layout import default_data_dir
 
     directory = default_data_dir(vocab_size)
     print(f"building the default C/C++ corpus for vocab {vocab_size} into {directory} (once)", flush=True)
@@ -381,8 +381,8 @@ def _ensure_data(data: DataChoice, vocab_size: int) -> None:
 
 
 def _summarize(run: RunPaths, model, recipe: Recipe, kernel_cache: KernelCacheChoice | None = None) -> None:
-    from nam56r.training.kernel_cache_cli import fill_label
-    from nam56r.training.runlog import summarize_run
+    from nam56r.training.launcher.kernel_cache_cli import fill_label
+    from nam56r.training.runs.summary import summarize_run
 
     if kernel_cache is not None and kernel_cache.env:
         record_fill(kernel_cache.directory, fill_label(recipe.name, recipe.batch.micro_batch, model.seq_length))
@@ -391,6 +391,3 @@ def _summarize(run: RunPaths, model, recipe: Recipe, kernel_cache: KernelCacheCh
     print(f"summary: {run.layout.summary}; plot: {run.layout.plot}")
     print(summary)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

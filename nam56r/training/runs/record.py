@@ -1,10 +1,10 @@
 """A training run's record for the validation manifest (patches/manifest.toml), read from its run directory.
 
-    python -m nam56r.training.runlog RUN_DIR --record
+    python -m nam56r.training.runs.summarize RUN_DIR --record
 
-Every figure comes from the run's own files: `summary.json` (nam56r.training.runlog: steps, first and final
+Every figure comes from the run's own files: `summary.json` (nam56r.training.runs.summary: steps, first and final
 'lm loss', median tokens/s/GPU and TFLOP/s/GPU over its steady-state window, peak memory, time to
-the first step), `recipe.json` and `command.sh` (nam56r.training.train). The record adds this checkout's
+the first step), `recipe.json` and `command.sh` (nam56r.training.launcher). The record adds this checkout's
 commit and the host stamp of the machine recording it, so record a run where it trained. The
 record's shape is the patch lane's (`nam56r_patchlane.manifest.TrainRecord`).
 """
@@ -22,9 +22,9 @@ from nam56r_patchlane.manifest import TrainRecord, append_record, host_stamp, no
 
 from nam56r import CHECKOUT_ROOT
 from nam56r.training.recipe import settings_of
-from nam56r.training.run_dir import RunDir
-from nam56r.training.run_events import LOSS_TAG
-from nam56r.training.runlog import headline
+from nam56r.training.runs.events import LOSS_TAG
+from nam56r.training.runs.layout import RunDir
+from nam56r.training.runs.summary import headline
 
 ROOT = CHECKOUT_ROOT
 
@@ -49,13 +49,13 @@ def _loss(value: float | None) -> float:
 
 
 def train_record(run_dir: Path, summary_file: Path | None = None, python: str = sys.executable) -> TrainRecord:
-    """The record of the nam56r.training.train run in `run_dir`, from its summary (default RUN_DIR/summary.json)."""
+    """The record of the nam56r.training.launcher run in `run_dir`, from its summary (default RUN_DIR/summary.json)."""
     layout = RunDir(run_dir)
-    summary = _read_json(summary_file or layout.summary, f"summarize the run first (python -m nam56r.training.runlog {run_dir})")
-    recipe = _read_json(layout.recipe, "not a run directory of nam56r.training.train, which writes it at launch")
+    summary = _read_json(summary_file or layout.summary, f"summarize the run first (python -m nam56r.training.runs.summarize {run_dir})")
+    recipe = _read_json(layout.recipe, "not a run directory of nam56r.training.launcher, which writes it at launch")
     command_path = layout.command
     if not command_path.is_file():
-        raise FileNotFoundError(f"{command_path} not found: not a run directory of nam56r.training.train, which writes it at launch")
+        raise FileNotFoundError(f"{command_path} not found: not a run directory of nam56r.training.launcher, which writes it at launch")
     if LOSS_TAG not in summary["losses"]:
         raise ValueError(f"{run_dir}: the summary has no {LOSS_TAG!r} (losses: {', '.join(summary['losses']) or 'none'})")
     figures = headline(summary)
