@@ -3,6 +3,7 @@
     python -m nam56r.training.data build [--out DIR] [--vocab-size N] [--source DIR ...]   # no download
     python -m nam56r.training.data check PREFIX ...                                         # counts, EOD at every end
     python -m nam56r.training.data convert FILE ... --out PREFIX ...   # your jsonl/parquet (nam56r.training.data.convert)
+    python -m nam56r.training.data baselines DIR                       # unigram and bigram cross-entropy of the valid split
 
 `build` makes a C/C++ corpus from the headers the installed PyTorch wheel ships (about 9,400
 files, 39 MB; one file is one document), trains a byte-level BPE tokenizer on its train split and
@@ -30,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nam56r.model.config import ModelConfig
+from nam56r.training.data import baselines
+from nam56r.training.data.baselines import DEFAULT_BIGRAM_WEIGHT
 from nam56r.training.data.build import SOURCE_SUFFIXES, CorpusConfig, build, format_summary, torch_include_dir
 from nam56r.training.data.format import check_prefix
 from nam56r.training.data.layout import DEFAULT_DATA_DIR, DataDir, default_data_dir
@@ -66,6 +69,16 @@ def _build_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def _baselines_main(args: argparse.Namespace) -> int:
+    try:
+        found = baselines.compute(args.directory, args.bigram_weight)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(baselines.describe(found))
+    print(f"written to {baselines.write(args.directory, found)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
@@ -91,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = commands.add_parser("check", help="open indexed datasets with Megatron, print counts, fail if a document does not end in EOD")
     c.add_argument("prefixes", nargs="+", type=Path, metavar="PREFIX", help="dataset prefix (without .bin/.idx)")
     c.add_argument("--eod-id", type=int, metavar="N", help="EOD id (default: read from data.json beside the prefix or <PREFIX>.json)")
+    bl = commands.add_parser("baselines", help="the valid split's cross-entropy under unigram and interpolated-bigram count "
+                             "models of the train split, in nats/token; written to DIR/baselines.json (nam56r.training.data.baselines)")
+    bl.add_argument("directory", type=Path, metavar="DIR", help="a built data directory (build or convert)")
+    bl.add_argument("--bigram-weight", type=float, default=DEFAULT_BIGRAM_WEIGHT, metavar="LAMBDA",
+                    help="the bigram's share of the interpolation, in [0, 1) (default: %(default)s)")
     commands.add_parser("convert", add_help=False, help="convert your jsonl/parquet (text or token ids); see `convert --help`")
     if argv[:1] == ["convert"]:
         from nam56r.training.data.convert import main as convert_main
@@ -99,5 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Megatron's import-time notices about missing TE/Apex
+        if args.command == "baselines":
+            return _baselines_main(args)
         return _build_main(args, argv) if args.command == "build" else _check_main(args)
 
