@@ -130,7 +130,7 @@ def test_lowered_flags_build_through_pretrains_model_provider(name, overrides, t
     # The recipe's LM-head / MTP CE path (launcher --linear-ce) reaches the built model's config.
     from nam56r.model.linear_cross_entropy import CHUNKED_LINEAR_CE
 
-    assert recipe.linear_ce == "chunked" and model.config.fused_linear_cross_entropy
+    assert recipe.kernels.linear_ce == "chunked" and model.config.fused_linear_cross_entropy
     assert model.config.fused_linear_cross_entropy_impl == CHUNKED_LINEAR_CE
 
     # The two lowerings agree: Megatron's config from the flags (as the provider built with it) and ours.
