@@ -28,6 +28,10 @@ def compile_tax(ctx: Context) -> list[Row]:
             filled, carried = Path(tmp) / "filled" / "kernel-cache", Path(tmp) / "carried" / "kernel-cache"
             for variant, cache in (("no kernel cache", filled), ("kernel cache carried", carried)):
                 if cache == carried:
+                    if not filled.is_dir():
+                        rows.append(Row(f"{model} mbs {COMPILE_TAX_MBS} time to first step", variant,
+                                        extra={"exit": None, "cause": "the run without a cache filled none to carry"}))
+                        continue
                     shutil.copytree(filled, carried)
                 result = train(model, Path(tmp) / variant.replace(" ", "-"), mbs=COMPILE_TAX_MBS, steps=2,
                                options=("--kernel-cache", str(cache), "--dense-warmup-steps", "1"))
