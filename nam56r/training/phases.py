@@ -30,7 +30,7 @@ class DsaPhases:
     """Steps 1..dense_warmup_steps are the dense warm-up; later steps are sparse. 0: sparse from step 1."""
 
     dense_warmup_steps: int = setting(
-        0, cli="--dense-warmup-steps", metavar="N", cli_default="the recipe's, see --list",
+        0, cli="--dense-warmup-steps", metavar="N",
         help="DSA phases: steps 1..N attend every causal key while the indexer learns Megatron's dense KL, later steps "
              "attend the indexer's top-k (0: sparse from the first step; below --steps). Megatron's step number decides "
              "the phase, so a resumed run continues in its own")

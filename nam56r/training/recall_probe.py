@@ -42,7 +42,7 @@ class RecallSchedule:
     """Probe at step 1 and every `interval` steps; 0 turns the probe off."""
 
     interval: int = setting(
-        0, cli="--indexer-recall-interval", key="indexer_recall_interval", metavar="N", cli_default="the recipe's, 0",
+        0, cli="--indexer-recall-interval", key="indexer_recall_interval", metavar="N",
         help="log 'indexer recall' at step 1 and every N steps: on the first micro-batch of the step, the first DSA layer "
              "computing its own top-k, the share of dense attention's top-k keys (k: the recipe's top-k, also during the "
              "dense warm-up) that the indexer's top-k holds, averaged over query rows (nam56r.training.recall_probe); in "

@@ -43,7 +43,7 @@ from nam56r.training.settings import leaves, setting, with_overrides
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    model: str = setting(cli="--model", choices=tuple(sorted(PRESETS)), cli_default="the recipe's",
+    model: str = setting(cli="--model", choices=tuple(sorted(PRESETS)), cli_default="the recipe's (--list)",
                          help="model preset (e.g. nam56r on a recipe whose default is the proxy)")
     description: str = ""
     parallel: Parallel = field(default_factory=Parallel)

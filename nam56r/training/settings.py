@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass
 from functools import cache
 from pathlib import Path
@@ -170,11 +170,11 @@ def with_overrides(obj: Any, overrides: Mapping[str, Any]) -> Any:
 
 
 def add_options(parser: argparse.ArgumentParser, root: type, *, title: str | None = None, overrides: bool = False,
-                defaults: Any = None) -> None:
+                presets: Sequence[Any] = ()) -> None:
     """One option per declared `cli` under `root`, in argparse groups by declaration group (`title`: the group of
     `root`'s own fields; None: the parser's own). Each parses to its setting's value. `overrides`: every option
-    defaults to None, meaning "the recipe's own", else to its field's default. `defaults`: an instance whose values
-    --help names as the defaults."""
+    defaults to None, meaning "the recipe's own", else to its field's default. --help names the field's default and
+    each of `presets` (named instances, e.g. the recipes) that sets another value."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for leaf in leaves(root):
         if leaf.declared.cli is None:
@@ -184,9 +184,16 @@ def add_options(parser: argparse.ArgumentParser, root: type, *, title: str | Non
         if leaf.declared.flag:
             target.add_argument(leaf.declared.cli, dest=leaf.key, action="store_true", help=leaf.declared.help.replace("%", "%%"))
             continue
-        default = None if overrides or leaf.field.default is MISSING else leaf.field.default
+        default = None if overrides else field_default(leaf)
         target.add_argument(leaf.declared.cli, dest=leaf.key, type=leaf.converter, choices=leaf.allowed(), metavar=_metavar(leaf),
-                            default=default, help=_help(leaf, defaults))
+                            default=default, help=_help(leaf, presets))
+
+
+def field_default(leaf: Leaf) -> Any:
+    """The setting's default in its declaration (None where it has none)."""
+    if leaf.field.default is not MISSING:
+        return leaf.field.default
+    return leaf.field.default_factory() if leaf.field.default_factory is not MISSING else None
 
 
 def _metavar(leaf: Leaf) -> str | None:
@@ -196,13 +203,15 @@ def _metavar(leaf: Leaf) -> str | None:
     return "{" + ",".join(choices) + "}" if choices else None
 
 
-def _help(leaf: Leaf, defaults: Any) -> str:
+def _help(leaf: Leaf, presets: Sequence[Any]) -> str:
     text = leaf.declared.help.replace("%", "%%")
     if leaf.declared.cli_default is not None:
         return f"{text} (default: {leaf.declared.cli_default})"
-    if defaults is not None and value_of(defaults, leaf) is not None:
-        return f"{text} (default: {leaf.show(value_of(defaults, leaf))})"
-    return text
+    default = field_default(leaf)
+    if default is None:
+        return text
+    others = [f"{getattr(p, 'name', '?')} {leaf.show(value_of(p, leaf))}" for p in presets if value_of(p, leaf) != default]
+    return f"{text} (default: {leaf.show(default)}" + (f"; {', '.join(others)}" if others else "") + ")"
 
 
 def overrides_from(args: argparse.Namespace, root: type) -> dict[str, Any]:
@@ -229,6 +238,16 @@ def banner_lines(obj: Any) -> list[str]:
     return [f"{group}: {', '.join(items)}" for group, items in lines.items()]
 
 
+def _first_clause(text: str) -> str:
+    """Up to the first '; ' or '. ' outside parentheses (an abbreviation such as 'e.g.' does not end it)."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and text[i:i + 2] in ("; ", ". ") and not text[:i + 1].endswith(("e.g.", "i.e.")):
+            return text[:i]
+    return text
+
+
 def option_table(parser: argparse.ArgumentParser) -> list[str]:
     """A Markdown table of the parser's options: option, what it does (help's first sentence), default."""
     rows = ["| option | what it does | default |", "|---|---|---|"]
@@ -240,7 +259,7 @@ def option_table(parser: argparse.ArgumentParser) -> list[str]:
         if text.endswith(")") and "(default: " in text:
             text, default = text.rsplit(" (default: ", 1)
             default = default[:-1]
-        first = text.split("; ")[0].split(". ")[0]
+        first = _first_clause(text)
         option = action.option_strings[-1] + (f" {action.metavar}" if action.metavar and action.nargs != 0 else "")
         rows.append(f"| `{option}` | {first.replace('|', '/')} | {default.replace('|', '/')} |")
     return rows

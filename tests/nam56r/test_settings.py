@@ -49,7 +49,7 @@ def test_a_declared_switch_is_an_option_an_override_a_flag_a_recorded_setting_a_
     assert st.recorded(plan) == {"fast_path": "on"}
     assert st.banner_lines(plan) == ["runtime switches: fast-path on, width 4"]
     table = "\n".join(st.option_table(parser))
-    assert "| `--fast-path {on,off}` | the fast path (Megatron's --use-fast-path) |  |" in table
+    assert "| `--fast-path {on,off}` | the fast path (Megatron's --use-fast-path) | off |" in table
     assert "--fast-path {on,off}" in parser.format_help() and "runtime switches:" in parser.format_help()
 
 
@@ -99,3 +99,11 @@ def test_the_readme_holds_the_generated_option_table() -> None:
     block = re.search(re.escape(OPTIONS_BEGIN) + ".*?" + re.escape(OPTIONS_END), readme, re.S)
     assert block is not None, "README.md lost its option-table markers"
     assert block.group(0) == markdown_options(), "regenerate it: python -m nam56r.training.launcher.train_args --markdown"
+
+
+def test_help_names_the_default_and_each_preset_that_sets_another() -> None:
+    parser = argparse.ArgumentParser(prog="plan")
+    st.add_options(parser, Plan, overrides=True, presets=[Plan("slow"), Plan("quick", Switches(fast_path=True, width=8))])
+    rows = "\n".join(st.option_table(parser))
+    assert "| `--fast-path {on,off}` | the fast path (Megatron's --use-fast-path) | off; quick on |" in rows
+    assert "| `--width` | how wide | 4; quick 8 |" in rows

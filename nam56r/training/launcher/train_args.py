@@ -65,10 +65,10 @@ class Nodes:
 def build_parser(description: str) -> argparse.ArgumentParser:
     """The launcher's parser; `description` heads `--help` (the launcher's docstring)."""
     parser = argparse.ArgumentParser(prog=PROG, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_options(parser, Command, defaults=Command())
-    add_options(parser, Recipe, title="overrides of the recipe", overrides=True)
-    add_options(parser, Places, title="data, checkpoints, outputs", defaults=Places())
-    add_options(parser, Nodes, title="several nodes", defaults=Nodes())
+    add_options(parser, Command)
+    add_options(parser, Recipe, title="overrides of the recipe", overrides=True, presets=[make() for make in RECIPES.values()])
+    add_options(parser, Places, title="data, checkpoints, outputs")
+    add_options(parser, Nodes, title="several nodes")
     parser.add_argument("megatron_extra", nargs="*", help="extra Megatron flags after `--` (mock data and the null tokenizer are refused)")
     return parser
 
