@@ -19,7 +19,7 @@ COMPILE_TAX_MBS = 8
 def compile_tax(ctx: Context) -> list[Row]:
     """Per model (`--model`, default tiny and proxy at micro-batch 8): the time to the first step with an empty kernel
     cache, which the run fills, then with that cache copied to another path, as a node it is carried to would get it."""
-    from nam56r.training.launcher.kernel_cache import read_manifest, weight_line
+    from nam56r.training.launcher.kernel_cache import read_manifest
 
     require_gpu("compile-tax")
     rows = []
@@ -41,6 +41,5 @@ def compile_tax(ctx: Context) -> list[Row]:
                                 time_ms=None if seconds is None else seconds * 1e3,
                                 extra={"exit": result["exit"], "wall_s": result["wall_s"], "milestones_s": result["milestones_s"],
                                        "startup_s": result["startup_s"], "cause": result["cause"],
-                                       "kernel_cache": None if manifest is None else
-                                       {"weight": weight_line(manifest), "total_bytes": manifest.to_json()["total_bytes"]}}))
+                                       "kernel_cache": None if manifest is None else manifest.weight()}))
     return rows

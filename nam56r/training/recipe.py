@@ -37,7 +37,7 @@ from nam56r.training.recipe_settings import (
     Runtime,
     recompute_argument,
 )
-from nam56r.training.settings import leaves, setting, with_overrides
+from nam56r.training.settings import setting, settings_in, with_overrides
 
 
 @dataclass(frozen=True)
@@ -210,13 +210,4 @@ def get_recipe(name: str, *, kernels: bool = True, **overrides: object) -> Recip
 def settings_of(recipe_json: Mapping[str, Any], keys: tuple[str, ...] | None = None) -> dict[str, Any]:
     """A recipe.json's settings by key (`Recipe.to_dict`'s groups flattened): `keys`, or, with None, every setting
     a benchmark row records (declared `recorded`). A file without one of them raises ValueError naming it."""
-    wanted = [leaf for leaf in leaves(Recipe) if (leaf.key in keys if keys is not None else leaf.declared.recorded)]
-    found = {}
-    for leaf in wanted:
-        node: Any = recipe_json
-        for part in leaf.path:
-            if not isinstance(node, Mapping) or part not in node:
-                raise ValueError(f"recipe.json has no {'.'.join(leaf.path)} (written by another version of the launcher)")
-            node = node[part]
-        found[leaf.key] = node
-    return found
+    return settings_in(recipe_json, Recipe, keys, source="recipe.json")

@@ -2,7 +2,7 @@
 the command line spells it, the Megatron switch it lowers to (for an on/off switch) and whether a benchmark row
 records it. Everything else reads the declaration: the launcher's options and `--help` (`add_options`), the
 overrides they give (`overrides_from`), the startup banner (`banner_lines`), the benchmark rows' run settings
-(`recorded`), the README's option table (`option_table`) and the plain on/off lowerings (`switch_flags`).
+(`settings_in`), the README's option table (`option_table`) and the plain on/off lowerings (`switch_flags`).
 
 A field whose type is a dataclass and that carries no `setting(...)` is a group: its own fields are settings (or
 groups) in turn. A dataclass-typed field made with `setting(...)` is one setting with a parser of its own (e.g.
@@ -84,9 +84,6 @@ class Leaf:
             return kind
         return Path if kind is Path else str
 
-    def parse(self, text: str) -> Any:
-        return self.converter(text)
-
     def choices(self) -> tuple[str, ...] | None:
         """The values the command line takes, as it spells them."""
         kind = _plain(self.annotation)
@@ -101,7 +98,7 @@ class Leaf:
     def allowed(self) -> tuple[Any, ...] | None:
         """The parsed values argparse accepts (its `choices`)."""
         choices = self.choices()
-        return None if choices is None else tuple(self.parse(c) for c in choices)
+        return None if choices is None else tuple(self.converter(c) for c in choices)
 
     def show(self, value: Any) -> str:
         """A value as the command line spells it."""
@@ -225,9 +222,20 @@ def switch_flags(obj: Any) -> list[str]:
     return [leaf.declared.megatron for leaf in leaves(type(obj)) if leaf.declared.megatron and value_of(obj, leaf)]
 
 
-def recorded(obj: Any) -> dict[str, Any]:
-    """The settings a benchmark row records, by key (as the command line spells them)."""
-    return {leaf.key: leaf.show(value_of(obj, leaf)) for leaf in leaves(type(obj)) if leaf.declared.recorded}
+def settings_in(data: Mapping[str, Any], root: type, keys: Sequence[str] | None = None, source: str = "the data") -> dict[str, Any]:
+    """Settings by key from `data`, `dataclasses.asdict` of a `root` (its groups nested): `keys`, or, with None, every
+    setting declared `recorded`. Data without one of them raises ValueError naming `source` and the setting's path."""
+    found = {}
+    for leaf in leaves(root):
+        if not (leaf.key in keys if keys is not None else leaf.declared.recorded):
+            continue
+        node: Any = data
+        for part in leaf.path:
+            if not isinstance(node, Mapping) or part not in node:
+                raise ValueError(f"{source} has no {'.'.join(leaf.path)} (written by another version of the launcher)")
+            node = node[part]
+        found[leaf.key] = node
+    return found
 
 
 def banner_lines(obj: Any) -> list[str]:

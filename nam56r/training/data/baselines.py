@@ -67,21 +67,13 @@ def cross_entropies(train: np.ndarray, valid: np.ndarray, vocab_size: int,
     return unigram_nats, float(-np.log(bigram).mean())
 
 
-def split_tokens(prefix: Path) -> np.ndarray:
-    """A split's whole token stream, read through Megatron's index (its dtype and document layout)."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    index = IndexedDataset(str(prefix)).index
-    count = int(index.sequence_lengths.sum(dtype=np.int64))
-    return np.memmap(f"{prefix}.bin", dtype=index.dtype, mode="r", shape=(count,)) if count else np.zeros(0, index.dtype)
-
-
 def compute(directory: Path, bigram_weight: float = DEFAULT_BIGRAM_WEIGHT) -> Baselines:
     """The baselines of a built data directory (its manifest gives the vocabulary)."""
+    from nam56r.training.data.format import open_tokens
     from nam56r.training.data.manifest import read_data_manifest
 
     data = read_data_manifest(directory)
-    train, valid = split_tokens(data.train_prefix), split_tokens(data.valid_prefix)
+    (_, train), (_, valid) = open_tokens(data.train_prefix), open_tokens(data.valid_prefix)
     unigram, bigram = cross_entropies(np.asarray(train), np.asarray(valid), data.vocab_size, bigram_weight)
     return Baselines(unigram, bigram, bigram_weight, data.vocab_size, len(train), len(valid),
                      hashlib.sha256(np.ascontiguousarray(train).tobytes()).hexdigest(),

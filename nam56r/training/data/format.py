@@ -85,14 +85,21 @@ def max_token_id(bin_path: Path, tokens: np.ndarray, every_s: float = 2.0) -> in
     return best
 
 
-def check_prefix(prefix: Path, eod_id: int) -> PrefixReport:
-    """Open `prefix` with Megatron's IndexedDataset and check that every document ends in `eod_id`."""
+def open_tokens(prefix: Path) -> tuple[Any, np.ndarray]:
+    """`prefix` opened with Megatron's IndexedDataset, and its whole token stream (read-only, mapped) in its dtype."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     dataset = IndexedDataset(str(prefix))
     index = dataset.index
     count = int(index.sequence_lengths.sum(dtype=np.int64))
     tokens = np.memmap(f"{prefix}.bin", dtype=index.dtype, mode="r", shape=(count,)) if count else np.zeros(0, index.dtype)
+    return dataset, tokens
+
+
+def check_prefix(prefix: Path, eod_id: int) -> PrefixReport:
+    """Open `prefix` with Megatron's IndexedDataset and check that every document ends in `eod_id`."""
+    dataset, tokens = open_tokens(prefix)
+    index = dataset.index
     lengths = index.sequence_lengths.astype(np.int64)
     seq_ends = index.sequence_pointers // index.dtype_size + lengths - 1  # last token of each sequence
     doc_bounds = np.asarray(dataset.document_indices, dtype=np.int64)  # document d is sequences [b[d], b[d+1])

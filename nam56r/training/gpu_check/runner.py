@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from nam56r.training.gpu_check.options import EXIT_FAILED, PARTS, PROG, Options
 from nam56r.training.gpu_check.parts import PART_RUNNERS, merge_packs_parts
 from nam56r.training.gpu_check.summary import SCHEMA, kernel_cache_summary, now_utc, stamp, write_summary
-from nam56r.training.launcher.kernel_cache import record_fill, weight_line
+from nam56r.training.launcher.kernel_cache import record_fill
 
 
 def run_part(name: str, opts: Options) -> dict:
@@ -63,7 +63,7 @@ def run_check(opts: Options, command: str = PROG) -> dict:
             run_and_write(name)
     if opts.kernel_cache is not None and opts.kernel_cache.state != "ignored":
         manifest = record_fill(opts.kernel_cache.directory, "gpu-check")
-        summary["kernel_cache"]["after"] = {"weight": weight_line(manifest), "total_bytes": manifest.to_json()["total_bytes"]}
+        summary["kernel_cache"]["after"] = manifest.weight()
     failed = [n for n, p in summary["parts"].items() if p["status"] == "failed"]
     summary.update(status="failed" if failed else "passed", exit_code=EXIT_FAILED if failed else 0, finished_utc=now_utc(),
                    seconds=round(time.monotonic() - started, 1))

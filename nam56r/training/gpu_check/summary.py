@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from nam56r.training.gpu_check.options import Options
-from nam56r.training.launcher.kernel_cache import CacheUse, weight_line
+from nam56r.training.launcher.kernel_cache import CacheUse, read_manifest
 
 SCHEMA = "nam56r.gpu_check/1"
 
@@ -31,12 +31,9 @@ def stamp(opts: Options) -> dict:
 def kernel_cache_summary(use: CacheUse | None) -> dict | None:
     if use is None:
         return None
-    from nam56r.training.launcher.kernel_cache import read_manifest
-
     manifest = read_manifest(use.directory)
     return {"directory": str(use.directory), "state": use.state, "message": use.message,
-            "before": {"weight": weight_line(manifest), "total_bytes": manifest.to_json()["total_bytes"],
-                       "key": manifest.to_json()["key"]} if manifest else None}
+            "before": {**manifest.weight(), "key": asdict(manifest.key)} if manifest else None}
 
 
 def write_summary(summary: dict, path: Path) -> None:

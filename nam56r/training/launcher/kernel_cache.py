@@ -113,10 +113,17 @@ class Manifest:
     filled_by: tuple[str, ...] = ()  # what compiled into it: "train tiny-1gpu mbs 8 seq 512", "gpu-check", ...
     contents: dict[str, ToolContents] = dataclasses.field(default_factory=dict)
 
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.bytes for c in self.contents.values())
+
+    def weight(self) -> dict:
+        """What a summary records of the cache's size: `weight_line` and the bytes."""
+        return {"weight": weight_line(self), "total_bytes": self.total_bytes}
+
     def to_json(self) -> dict:
-        total = sum(c.bytes for c in self.contents.values())
         return {"schema": SCHEMA, "key": dataclasses.asdict(self.key), "created_utc": self.created_utc,
-                "filled_by": list(self.filled_by), "total_bytes": total,
+                "filled_by": list(self.filled_by), "total_bytes": self.total_bytes,
                 "contents": {tool: dataclasses.asdict(c) for tool, c in self.contents.items()}}
 
     @classmethod
@@ -149,6 +156,11 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
     tmp = directory / f".{MANIFEST}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
     tmp.replace(directory / MANIFEST)  # never a half-written manifest
+
+
+def fill_label(recipe: str, micro_batch: int, seq_length: int) -> str:
+    """How the manifest names a training run's fill."""
+    return f"train {recipe} mbs {micro_batch} seq {seq_length}"
 
 
 def cache_env(directory: Path) -> dict[str, str]:

@@ -28,6 +28,7 @@ from nam56r.training.arg_types import positive_int
 from nam56r.training.launcher.kernel_cache import (
     MANIFEST,
     KernelCacheError,
+    fill_label,
     host_key,
     open_cache,
     read_manifest,
@@ -37,10 +38,6 @@ from nam56r.training.launcher.kernel_cache import (
 
 DEFAULT_RECIPES = ("tiny-1gpu", "proxy-1gpu")
 PREWARM_STEPS = 2  # one dense warm-up step, one sparse step
-
-
-def fill_label(recipe: str, micro_batch: int, seq_length: int) -> str:
-    return f"train {recipe} mbs {micro_batch} seq {seq_length}"
 
 
 def prewarm_command(recipe: str, out: Path, run_dir: Path, *, mbs: int | None, data: Path | None) -> tuple[list[str], str]:

@@ -48,7 +48,7 @@ from nam56r.training.launcher.flags import (
     refused_flags,
     transformer_config_from_args,
 )
-from nam56r.training.launcher.kernel_cache import KernelCacheChoice, KernelCacheError, record_fill
+from nam56r.training.launcher.kernel_cache import KernelCacheChoice, KernelCacheError, fill_label, record_fill
 from nam56r.training.launcher.launch import LaunchError, Rendezvous, runtime_env, shell_line, slurm_script, torchrun_command
 from nam56r.training.launcher.launch_gate import LaunchGate
 from nam56r.training.launcher.startup_marks import mark, start_clock
@@ -381,7 +381,6 @@ def _ensure_data(data: DataChoice, vocab_size: int) -> None:
 
 
 def _summarize(run: RunPaths, model, recipe: Recipe, kernel_cache: KernelCacheChoice | None = None) -> None:
-    from nam56r.training.launcher.kernel_cache_cli import fill_label
     from nam56r.training.runs.summary import summarize_run
 
     if kernel_cache is not None and kernel_cache.env:
