@@ -66,7 +66,7 @@ def test_proxy_forward_backward_bf16(megatron_built) -> None:
     from nam56r.training.recipe import get_recipe
 
     recipe = get_recipe("proxy-1gpu")
-    model, built = _bf16_model("nam56r-proxy", recipe.model_config(resolve_backend(recipe.backend)))
+    model, built = _bf16_model("nam56r-proxy", recipe.model_config(resolve_backend(recipe.kernels.backend)))
     assert built.index_cache_plan is not None and built.index_cache_plan.shared_layers
     seq = built.model.model_config.seq_length
     tokens = torch.randint(0, built.model.vocab_size, (1, seq + 1), device="cuda")
