@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import platform
 import subprocess
 import sys
@@ -162,9 +161,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("NEEDS_GPU: the fused linear cross-entropy is a Triton CUDA kernel; no CUDA GPU on this host")
         return EXIT_NO_GPU
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29511")
-    torch.distributed.init_process_group("nccl", world_size=1, rank=0)
+    # An in-process store: a fixed TCP port collides with the other packs and runs a check starts beside this one.
+    torch.distributed.init_process_group("nccl", store=torch.distributed.HashStore(), world_size=1, rank=0)
     import megatron.core
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_config import TransformerConfig
