@@ -308,12 +308,12 @@ def test_parts_run_at_the_same_time_unless_sequential(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(runner, "PART_RUNNERS", {"tests": meets("tests"), "packs": meets("packs"), "train": meets("train"),
                                                  "packs-alone": packs_alone})
-    opts = Options(out_dir=tmp_path / "out", skip=frozenset({"train"}), echo=False, concurrent=concurrent)
+    opts = Options(out_dir=tmp_path / "out", skip=frozenset({"train", "upstream"}), echo=False, concurrent=concurrent)
 
     summary = run_check(opts)
 
     on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert list(on_disk["parts"]) == ["tests", "packs", "train"] and on_disk["concurrent"] is concurrent
+    assert list(on_disk["parts"]) == ["tests", "packs", "train", "upstream"] and on_disk["concurrent"] is concurrent
     if concurrent:
         assert summary["status"] == "passed" and [on_disk["parts"][n]["who"] for n in ("tests", "packs")] == ["tests", "packs"]
         # the `alone` packs ran once, after the parts, and their verdicts joined the packs part
@@ -323,3 +323,11 @@ def test_parts_run_at_the_same_time_unless_sequential(tmp_path: Path, monkeypatc
         assert alone_runs == [], "a sequential check runs the alone packs inside its packs part"
         assert summary["status"] == "failed" and "BrokenBarrierError" in summary["parts"]["tests"]["problems"][0]
     assert on_disk["parts"]["train"] == {"status": "skipped", "reason": "--skip-train"}
+
+
+def test_the_upstream_part_without_a_cache_is_skipped_saying_why(tmp_path: Path) -> None:
+    from nam56r.training.gpu_check.upstream_part import upstream_part
+
+    part = upstream_part(Options(out_dir=tmp_path, echo=False))
+
+    assert part["status"] == "skipped" and "--upstream-tests-cache" in part["reason"]

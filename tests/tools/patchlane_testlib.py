@@ -186,6 +186,7 @@ def header_fields(subject: str, category: str = "bugfix", **extra: str) -> list[
         ("Upstream-Status", extra.pop("upstream_status", "not-for-upstream: a test fixture")),
         ("Retire-When", extra.pop("retire_when", "upstream fixes it")),
         ("Reproducer", extra.pop("reproducer", "none")),
+        ("Upstream-Tests", extra.pop("upstream_tests", "none: a test fixture")),
     ]
     assert not extra, extra
     return fields

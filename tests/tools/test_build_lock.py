@@ -183,7 +183,8 @@ def test_a_build_inside_a_held_lock_of_the_same_process_does_not_deadlock(built:
 WRITING_COMMANDS = {
     "push": ["push", "-u", "fakeup"],
     "pop": ["pop", "-u", "fakeup"],
-    "new": ["new", "scratch", "-u", "fakeup", "--subject", "s", "--category", "bugfix", "--retire-when", "r", "--why", "w"],
+    "new": ["new", "scratch", "-u", "fakeup", "--subject", "s", "--category", "bugfix", "--retire-when", "r",
+            "--upstream-tests", "none: t", "--why", "w"],
     "refresh": ["refresh", "-u", "fakeup"],
     "import": ["import", "{patch}", "-u", "fakeup"],
     "export": ["export", "-u", "fakeup"],

@@ -11,7 +11,8 @@ from patchlane_testlib import V1_FILES, VERSIONS, Lane, diff_for, edit, header_f
 MEAN = '\n\ndef mean(items):\n    """Arithmetic mean of items."""\n    return sum(items) / len(items)\n'
 NEW_ARGS = (
     "new", "add-mean", "-u", "fakeup", "--subject", "Add mean() for the loss logger", "--category", "integration",
-    "--retire-when", "never: a local helper", "--why", "The NAM56R loss logger averages with it.",
+    "--retire-when", "never: a local helper", "--upstream-tests", "none: a test fixture",
+    "--why", "The NAM56R loss logger averages with it.",
     "--upstream-status", "not-for-upstream: a test fixture",  # check requires a pack or this reason
 )
 ALL = ["0001-core-scale.patch", "0002-util-guard.patch", "0003-io-encoding.patch"]
@@ -101,7 +102,7 @@ def test_export_turns_a_hand_made_commit_into_a_patch(built: Lane) -> None:
     with (built.tree / "fakeup/util.py").open("a") as handle:
         handle.write(MEAN)
     message = "Add mean() for the loss logger\n\nPack: none\nCategory: integration\nUpstream-Status: not-for-upstream: a test fixture\n" \
-              "Retire-When: never\nReproducer: none\n\nThe loss logger averages with it.\n"
+              "Retire-When: never\nReproducer: none\nUpstream-Tests: none: a test fixture\n\nThe loss logger averages with it.\n"
     built.git("commit", "--quiet", "-a", "--cleanup=verbatim", "-m", message)
 
     result = built.run("export", "-u", "fakeup")
@@ -167,7 +168,7 @@ def test_import_of_an_outside_patch_lands_canonical_and_numbered(built: Lane, tm
                              "    return list(zip(items[:-1], items[1:]))\n")], "-U5")
     assert re.search(r"^index [0-9a-f]{7,12}\.\.[0-9a-f]{7,12} ", diff, re.M)
     header = "Subject: Spell out pairs()\nPack: none\nCategory: bugfix\nUpstream-Status: not-for-upstream: a test fixture\n" \
-             "Retire-When: upstream takes it\nReproducer: none\n"
+             "Retire-When: upstream takes it\nReproducer: none\nUpstream-Tests: none: a test fixture\n"
     outside = tmp_path / "0042-spell-out-pairs.patch"
     outside.write_text(f"{header}\nClearer.\n---\n{diff}")
 

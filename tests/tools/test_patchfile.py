@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 from nam56r_patchlane.errors import PatchlaneError
-from nam56r_patchlane.patchfile import PatchFile, parse_commit_message, parse_patch_text, read_patch, validate_header
+from nam56r_patchlane.patchfile import (
+    PatchFile,
+    merge_sections,
+    parse_commit_message,
+    parse_patch_text,
+    read_patch,
+    validate_header,
+)
 
 DIFF = """\
 diff --git a/pkg/mod.py b/pkg/mod.py
@@ -33,6 +40,7 @@ FIELDS = [
     ("Upstream-Status", "filed https://github.com/example/repo/pull/7"),
     ("Retire-When", "upstream releases the fix (>= 0.20)"),
     ("Reproducer", "none"),
+    ("Upstream-Tests", "tests/unit_tests/test_mod.py tests/unit_tests/pkg"),
     ("Tested-On", "H100, torch 2.13"),  # an extra field, kept as written
 ]
 DESCRIPTION = "First paragraph: why.\nIt wraps.\n\nSecond paragraph: how it was measured.\n--- not the separator, it has text"
@@ -118,6 +126,11 @@ def test_valid_header_has_no_problems(tmp_path: Path) -> None:
         ("Retire-When", "", "Retire-When is empty"),
         ("Subject", "", "Subject is empty"),
         ("Reproducer", "tests/missing.py", "Reproducer 'tests/missing.py' is not a file"),
+        ("Upstream-Tests", "", "Upstream-Tests is empty"),
+        ("Upstream-Tests", "none:", "'none:' needs a reason"),
+        ("Upstream-Tests", "pkg/test_mod.py", "'pkg/test_mod.py' is not a relative path under tests or test/"),
+        ("Upstream-Tests", "tests/../pkg/mod.py", "is not a relative path"),
+        ("Upstream-Tests", "tests", "'tests' is not a relative path"),
     ],
 )
 def test_invalid_header_values(tmp_path: Path, field: str, value: str, problem: str) -> None:
@@ -143,3 +156,37 @@ def test_missing_and_duplicate_fields() -> None:
     assert validate_header(missing, "p") == ["p: missing header field 'Category'"]
     assert validate_header(duplicate, "p") == ["p: header field 'Pack' appears 2 times"]
     assert "no description" in validate_header(no_description, "p")[0]
+
+
+def test_upstream_tests_none_with_a_reason_is_valid_and_declares_nothing() -> None:
+    patch = PatchFile([(k, "none: upstream has no test of it" if k == "Upstream-Tests" else v) for k, v in FIELDS],
+                      DESCRIPTION, DIFF)
+    assert validate_header(patch, "p") == []
+    assert patch.declared_tests() == ()
+    assert sample().declared_tests() == ("tests/unit_tests/test_mod.py", "tests/unit_tests/pkg")
+
+
+TEST_SECTION = """\
+diff --git a/tests/test_mod.py b/tests/test_mod.py
+index 4444444444444444444444444444444444444444..5555555555555555555555555555555555555555 100644
+--- a/tests/test_mod.py
++++ b/tests/test_mod.py
+@@ -1 +1 @@
+-assert b == 2
++assert b == 3
+"""
+
+
+def test_test_sections_are_split_from_the_code_and_merged_back_in_path_order() -> None:
+    patch = PatchFile(list(FIELDS), DESCRIPTION, DIFF + TEST_SECTION)
+
+    assert [p for p, _ in patch.sections()] == ["pkg/mod.py", "pkg/new.py", "tests/test_mod.py"]
+    assert "".join(text for _, text in patch.sections()) == patch.diff
+    assert patch.code_diff() == DIFF
+    assert patch.test_sections() == [("tests/test_mod.py", TEST_SECTION)]
+    assert merge_sections(DIFF, patch.test_sections()) == patch.diff
+    assert merge_sections(DIFF, []) == DIFF
+    assert merge_sections("", patch.test_sections()) == TEST_SECTION
+    # a section the tree's own diff has wins over the kept one
+    newer = TEST_SECTION.replace("b == 3", "b == 4")
+    assert merge_sections(DIFF + newer, patch.test_sections()) == DIFF + newer

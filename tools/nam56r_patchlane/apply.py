@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import PatchApplyError, PatchlaneError, WorkAtRiskError
 from .gittree import AppliedPatch, TreeState, UpstreamTree
-from .patchfile import PatchFile, parse_commit_message, parse_patch_text, read_patch
+from .patchfile import PatchFile, merge_sections, parse_commit_message, parse_patch_text, read_patch
 from .series import Series, SeriesEntry, slug_from_subject
 
 _HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@")
@@ -61,10 +61,16 @@ def describe_apply_failure(patch: PatchFile, stderr: str) -> list[str]:
     return where or [stderr.strip()]
 
 
-def git_apply(tree: UpstreamTree, patch: PatchFile, check_only: bool = False, extra: tuple[str, ...] = ()) -> tuple[bool, str]:
+def git_apply(tree: UpstreamTree, patch: PatchFile, check_only: bool = False, extra: tuple[str, ...] = (),
+              with_tests: bool = False) -> tuple[bool, str]:
+    """Apply the patch's diff to the tree's index and files; its upstream-test sections only `with_tests` (a tree that
+    holds upstream's tests, which release artifacts lack)."""
+    diff = patch.diff if with_tests else patch.code_diff()
+    if not diff:
+        return True, ""
     args = ["apply", "--verbose", "--whitespace=nowarn", *extra]
     args.append("--check" if check_only else "--index")
-    result = tree.git(*args, "-", stdin=patch.diff, check=False)
+    result = tree.git(*args, "-", stdin=diff, check=False)
     return result.returncode == 0, result.stdout + result.stderr
 
 
@@ -77,7 +83,7 @@ def apply_patch(tree: UpstreamTree, upstream: str, entry: SeriesEntry) -> tuple[
             f"{upstream}: patch {entry.path} does not apply:\n{details}",
             f"the tree is left at the last patch that applied; fix the patch (or `{CLI} rebase`) and build again",
         )
-    commit = tree.commit(patch.commit_message())
+    commit = tree.commit(patch.commit_message(), allow_empty=not patch.code_diff())
     offsets = tuple(f"hunk #{m.group(1)} at line {m.group(2)} (offset {m.group(3)})" for m in HUNK_OFFSET.finditer(output))
     return AppliedPatch(name=entry.name, sha256=entry.sha256(), commit=commit), ApplyOutcome(entry.name, offsets)
 
@@ -170,9 +176,11 @@ def pop_patches(tree: UpstreamTree, state: TreeState, keep: int, discard: bool, 
     tree.write_state(state)
 
 
-def export_commit(tree: UpstreamTree, commit: str, parent: str) -> str:
+def export_commit(tree: UpstreamTree, commit: str, parent: str, tests_of: PatchFile | None = None) -> str:
+    """The commit as a patch file; with the upstream-test sections of `tests_of` (the file it is exported over) for the
+    test files the tree's own diff does not touch."""
     fields, description = parse_commit_message(tree.message(commit), f"commit {commit[:12]}")
-    diff = tree.diff(parent, commit)
+    diff = merge_sections(tree.diff(parent, commit), tests_of.test_sections() if tests_of else [])
     if not diff:
         raise PatchlaneError(f"commit {commit[:12]} changes nothing: an empty patch is not allowed")
     return PatchFile(fields=fields, description=description, diff=diff).to_text()
@@ -187,7 +195,8 @@ def export_series(tree: UpstreamTree, state: TreeState, series: Series, log=prin
     parent = state.base_commit
     series.directory.mkdir(parents=True, exist_ok=True)
     for index, commit in enumerate(commits):
-        text = export_commit(tree, commit, parent)
+        current = series.directory / names[index] if index < len(names) else None
+        text = export_commit(tree, commit, parent, read_patch(current) if current and current.is_file() else None)
         if index < len(names):
             name = names[index]
         else:
@@ -236,11 +245,13 @@ def record_new_patch(
     return path
 
 
-def _append_to_series(tree: UpstreamTree, state: TreeState, series: Series, name: str, commit: str) -> Path:
-    """Export the tree's new top commit as patch `name`, list it last in the series and record it as applied."""
+def _append_to_series(tree: UpstreamTree, state: TreeState, series: Series, name: str, commit: str,
+                      source: PatchFile | None = None) -> Path:
+    """Export the tree's new top commit as patch `name` (with the upstream-test sections of the `source` it came from),
+    list it last in the series and record it as applied."""
     path = series.directory / name
     series.directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(export_commit(tree, commit, state.applied[-1].commit if state.applied else state.base_commit))
+    path.write_text(export_commit(tree, commit, state.applied[-1].commit if state.applied else state.base_commit, source))
     series.write([e.name for e in series.entries] + [name])
     state.applied.append(AppliedPatch(name=name, sha256=SeriesEntry(name, path).sha256(), commit=commit))
     tree.write_state(state)
@@ -263,7 +274,7 @@ def refresh_top(tree: UpstreamTree, state: TreeState, series: Series, log=print)
     tree.git("commit", "--quiet", "--amend", "--no-verify", "--cleanup=verbatim", "-F", "-", stdin=message)
     commit = tree.head()
     path = series.directory / top.name
-    path.write_text(export_commit(tree, commit, parent))
+    path.write_text(export_commit(tree, commit, parent, read_patch(path) if path.is_file() else None))
     state.applied[-1] = AppliedPatch(name=top.name, sha256=SeriesEntry(top.name, path).sha256(), commit=commit)
     tree.write_state(state)
     log(f"    refreshed {path}")
@@ -283,8 +294,8 @@ def import_patch(tree: UpstreamTree, state: TreeState, series: Series, source: P
     if not ok:
         details = "\n".join(f"    {d}" for d in describe_apply_failure(patch, output))
         raise PatchApplyError(f"{series.upstream}: {source} does not apply on top of the series:\n{details}")
-    commit = tree.commit(patch.commit_message())
+    commit = tree.commit(patch.commit_message(), allow_empty=not patch.code_diff())
     slug = re.sub(r"^\d{4}-", "", source.name.removesuffix(".patch")) or slug_from_subject(patch.subject)
-    path = _append_to_series(tree, state, series, series.next_name(slug_from_subject(slug)), commit)
+    path = _append_to_series(tree, state, series, series.next_name(slug_from_subject(slug)), commit, patch)
     log(f"    imported {source} as {path}")
     return path

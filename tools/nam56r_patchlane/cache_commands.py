@@ -25,8 +25,18 @@ def cmd_cache_fill(args, lock: Lock) -> int:
         print(f"profile {profile}: {why} (name the target's with --profile)")
     options = FillOptions(root=args.root, cache_dir=args.dir, target=target, exclude=tuple(args.exclude or ()),
                           only=args.only or None, refresh=args.refresh, artifacts_only=args.artifacts_only,
-                          extra=tuple(args.wheels or ()))
+                          extra=tuple(args.wheels or ()), tests_from=None if args.no_upstream_tests else _tests_from(args.tests_from))
     return run_fill(lock, options)
+
+
+def _tests_from(pairs: list[str] | None) -> dict[str, str]:
+    sources = {}
+    for pair in pairs or ():
+        name, sep, source = pair.partition("=")
+        if not sep or not name or not source:
+            raise PatchlaneError(f"--tests-from {pair!r} is not NAME=URL_OR_PATH", "e.g. --tests-from megatron-lm=/src/Megatron-LM")
+        sources[name] = source
+    return sources
 
 
 def cmd_cache_verify(args, lock: Lock) -> int:
@@ -66,6 +76,11 @@ def add_cache_parser(add: AddCommand, common: argparse.ArgumentParser) -> None:
     c.add_argument("--wheels", nargs="+", metavar="REQ", help="more requirements to carry (with their dependencies)")
     c.add_argument("--refresh", action="store_true", help="resolve again even when the manifest matches; remove what is no longer needed")
     c.add_argument("--artifacts-only", action="store_true", help="only the lock's pinned artifacts, no wheels")
+    c.add_argument("--tests-from", action="append", metavar="NAME=URL_OR_PATH",
+                   help="take upstream NAME's own tests from this git URL or local clone holding the pinned tag"
+                        " (default: the lock's git_url); repeatable")
+    c.add_argument("--no-upstream-tests", action="store_true",
+                   help="leave upstream's own tests out (`upstream-tests` then refuses to run from this cache)")
     c.add_argument("only", nargs="*", default=None, help="upstream names whose artifacts to fetch (default: all)")
     c = csub.add_parser("verify", parents=[common], help="check every file against the cache's manifest")
     c.set_defaults(func=cmd_cache_verify)

@@ -2,6 +2,8 @@
 (and nox with its sessions) needs on a machine that does not, for a named interpreter and platform.
 
   pinned artifacts   the lock's sdists/wheels, sha256-verified against the lock
+  upstream-tests/    each upstream's own tests at the pinned commit, from git, checked against the lock's
+                     tree ids (upstream_tests_source.py); `--tests-from NAME=PATH` names a clone to take them from
   wheels/            [environment] build + runtime + profile lists, every upstream's runtime list,
                      torch for the cpu profile (the gpu profile uses the node's own CUDA torch), the
                      lock's [nox] lists and pyproject extras, nox itself; with their dependencies
@@ -32,6 +34,7 @@ from .cachemanifest import (
 from .console import StepProgress, format_table
 from .errors import PatchlaneError
 from .lock import Lock
+from .upstream_tests_source import fill_tests
 from .wheelhouse import ResolvedWheel, canonical, closure, download, resolve
 from .wheeltarget import WheelTarget
 
@@ -46,6 +49,7 @@ class FillOptions:
     refresh: bool
     artifacts_only: bool
     extra: tuple[str, ...] = ()  # --wheels: more requirements to carry
+    tests_from: dict[str, str] | None = None  # upstream name -> git URL or clone with the pinned tag; None: no upstream tests
 
 
 def requirement_groups(lock: Lock, root: Path, profile: str, requested: tuple[str, ...] = ()) -> dict[str, list[str]]:
@@ -83,13 +87,14 @@ def excluded(profile: str, exclude: tuple[str, ...]) -> tuple[str, ...]:
 
 def run_fill(lock: Lock, options: FillOptions) -> int:
     cache_dir, target = options.cache_dir, options.target
-    progress = StepProgress(total=2 if options.artifacts_only else 4)
+    progress = StepProgress(total=2 if options.artifacts_only else 5)
     progress.next(f"target: {target.describe()}")
     cache_dir.mkdir(parents=True, exist_ok=True)
     artifacts = _fill_artifacts(lock, options, progress)
     if options.artifacts_only:
         print(f"pinned artifacts in {cache_dir}: {sum(f.size for f in artifacts) / MIB:.1f} MiB; no wheels (--artifacts-only)")
         return 0
+    tests = _fill_tests(lock, options, progress)
     groups = requirement_groups(lock, options.root, target.profile, options.extra)
     exclude = excluded(target.profile, options.exclude)
     cache_target = CacheTarget(python_version=target.minor_version, platforms=target.platforms, profile=target.profile,
@@ -109,7 +114,7 @@ def run_fill(lock: Lock, options: FillOptions) -> int:
     else:
         wheels = _resolve_and_download(lock, cache_dir, groups, exclude, target, previous, progress)
     progress.next("manifest")
-    manifest = CacheManifest(target=cache_target, requirements=groups, files=tuple(artifacts + wheels))
+    manifest = CacheManifest(target=cache_target, requirements=groups, files=tuple(artifacts + tests + wheels))
     path = manifest.write(cache_dir)
     progress.log(f"  wrote {path} ({len(manifest.files)} files)")
     _print_summary(cache_dir, manifest)
@@ -127,6 +132,18 @@ def _fill_artifacts(lock: Lock, options: FillOptions, progress: StepProgress) ->
         files.append(CacheFile(path=artifact.filename, sha256=artifact.sha256, size=fetched.path.stat().st_size,
                                kind="artifact", name=upstream.pypi, version=upstream.version))
     return files
+
+
+def _fill_tests(lock: Lock, options: FillOptions, progress: StepProgress) -> list[CacheFile]:
+    upstreams = [u for u in lock.select(options.only) if u.tests]
+    if options.tests_from is None:
+        progress.next("upstream tests: left out (--no-upstream-tests); `upstream-tests` refuses to run from this cache")
+        return []
+    progress.next(f"upstream tests of {len(upstreams)} upstream(s)")
+    unknown = sorted(set(options.tests_from) - {u.name for u in lock.upstreams})
+    if unknown:
+        raise PatchlaneError(f"--tests-from names unknown upstream(s) {unknown}", f"known: {[u.name for u in lock.upstreams]}")
+    return [f for u in upstreams if (f := fill_tests(u, options.cache_dir, options.tests_from.get(u.name), progress.log))]
 
 
 def _reuse(cache_dir: Path, previous: CacheManifest, target: WheelTarget, progress: StepProgress) -> list[CacheFile]:

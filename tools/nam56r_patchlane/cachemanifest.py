@@ -5,6 +5,7 @@ the cache; `cache split` packs the files into parts of at most N MiB for transfe
 Layout of a cache directory:
   <pinned artifacts>     megatron_core-0.19.0.tar.gz, ... (verified against the lock as well)
   wheels/                every wheel an offline build, nox and its sessions install
+  upstream-tests/        each upstream's own tests at the pinned commit (upstream_tests_source.py)
   nam56r-cache.json      this manifest
   .parts/NN/             after `cache split`: the same layout, a share of the files and the manifest in each part
 """
@@ -61,7 +62,7 @@ class CacheManifest:
         return path
 
     def wheels(self) -> list[CacheFile]:
-        return [f for f in self.files if f.kind != "artifact"]
+        return [f for f in self.files if f.kind not in ("artifact", "upstream-tests")]
 
     def total_size(self) -> int:
         return sum(f.size for f in self.files)

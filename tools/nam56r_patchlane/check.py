@@ -58,8 +58,8 @@ def check_upstream(root: Path, upstream: Upstream, cache_dir: Path, offline: boo
             offsets = HUNK_OFFSET.findall(output)  # not `"offset" in output`: --verbose also prints file names
             if offsets:
                 problems.append(f"{entry.path}: applies only with offsets ({len(offsets)} hunk(s)); refresh it")
-            commit = tree.commit(patch.commit_message())
-            if export_commit(tree, commit, parent) != entry.path.read_text():
+            commit = tree.commit(patch.commit_message(), allow_empty=not patch.code_diff())
+            if export_commit(tree, commit, parent, patch) != entry.path.read_text():
                 problems.append(f"{entry.path}: not in canonical form (export would rewrite it);"
                                 f" run `apply_patches.py export -u {upstream.name}`")
             parent = commit

@@ -21,16 +21,18 @@ from .manifest_commands import add_manifest_parser
 from .patchfile import CATEGORIES
 from .rebase import run_rebase
 from .series import read_series
+from .upstream_tests_cli import add_upstream_tests_parser
 
 EPILOG = """\
 Typical flow:
   build                      materialize + patch + install every upstream (no-op when nothing changed)
   status                     pin, source, applied N/M, dirty/clean per upstream
   (edit files in third_party/<name>)
-  new SLUG -u NAME --subject ... --category ... --retire-when ... --why ...
+  new SLUG -u NAME --subject ... --category ... --retire-when ... --upstream-tests ... --why ...
   refresh -u NAME            fold further edits into the top patch, header kept
   check                      the CI gate
   rebase -u NAME --to 0.20.0 report how the series fares on another upstream version
+  upstream-tests [-u NAME]   upstream's own tests on the release and on the series, side by side
 
 One command at a time writes a checkout: build, push, pop, new, refresh, import, export, rebase and
 cache fill hold third_party/.patchlane.lock while they run. A second one waits, naming the holder
@@ -142,6 +144,7 @@ def cmd_new(args, lock: Lock) -> int:
     fields = [
         ("Subject", args.subject), ("Pack", args.pack), ("Category", args.category),
         ("Upstream-Status", args.upstream_status), ("Retire-When", args.retire_when), ("Reproducer", args.reproducer),
+        ("Upstream-Tests", args.upstream_tests),
     ]
     ops.record_new_patch(tree, state, series, args.name, fields, args.why)
     return 0
@@ -249,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pack", default="none")
     p.add_argument("--upstream-status", default="not-filed")
     p.add_argument("--reproducer", default="none")
+    p.add_argument("--upstream-tests", required=True, metavar="PATHS",
+                   help="upstream's own test files or directories covering the patch, space-separated"
+                        " (e.g. 'tests/unit_tests/test_optimizer.py'), or 'none: reason'")
 
     p = add("refresh", cmd_refresh, "fold uncommitted edits into the top applied patch and rewrite its file (header kept)",
             writes=True)
@@ -267,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cache_parser(add, common)
     add_manifest_parser(add, common)
+    add_upstream_tests_parser(add)
     return parser
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PatchlaneError
+from .patchfile import TEST_DIRS
 
 LOCK_RELATIVE_PATH = Path("third_party/upstreams.toml")
 INSTALL_MODES = ("editable", "wheel")
@@ -44,6 +45,9 @@ class Upstream:
     runtime: tuple[str, ...] = ()
     env: dict[str, dict[str, str]] = field(default_factory=dict)
     ignore_requires_python: bool = False
+    # Upstream's own tests at the pinned commit, which its release artifacts lack: each root (a directory or file under
+    # `tests/` or `test/`) with its git object id there. `cache fill` stores them; `upstream-tests` runs them.
+    tests: dict[str, str] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
@@ -137,6 +141,12 @@ def _parse_upstream(raw: dict, where: str) -> Upstream:
             raise PatchlaneError(f"{where}: artifact sha256 {sha!r} is not 64 hex digits")
         artifacts.append(Artifact(filename=str(_require(entry, "filename", where)), sha256=sha))
     env = {p: {k: str(v) for k, v in raw.get("env", {}).get(p, {}).items()} for p in PROFILES}
+    tests = {str(k): str(v) for k, v in raw.get("tests", {}).items()}
+    for test_root, tree_id in tests.items():
+        if not _COMMIT.match(tree_id):
+            raise PatchlaneError(f"{where}: tests root {test_root!r}: {tree_id!r} is not a 40-hex git object id")
+        if test_root.split("/", 1)[0] not in TEST_DIRS or test_root.endswith("/") or ".." in test_root.split("/"):
+            raise PatchlaneError(f"{where}: tests root {test_root!r} is not a path under {' or '.join(TEST_DIRS)}/")
     return Upstream(
         name=name,
         git_url=str(_require(raw, "git_url", where)),
@@ -150,6 +160,7 @@ def _parse_upstream(raw: dict, where: str) -> Upstream:
         runtime=tuple(raw.get("runtime", ())),
         env=env,
         ignore_requires_python=bool(raw.get("ignore_requires_python", False)),
+        tests=tests,
     )
 
 

@@ -293,9 +293,11 @@ def now_utc() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def patch_checksum(path: Path) -> str:
+def patch_checksum(path: Path, with_tests: bool = False) -> str:
     """sha256 of a patch's diff section: what was validated. Header edits (a new Upstream-Status
-    after filing, say) leave it unchanged; any change to the code it applies changes it."""
+    after filing, say) leave it unchanged; any change to the code it applies changes it. Its updates of
+    upstream's own tests count only `with_tests` (what `upstream-tests` validates): a reproducer runs without them."""
     from .patchfile import read_patch
 
-    return hashlib.sha256(read_patch(path).diff.encode()).hexdigest()
+    patch = read_patch(path)
+    return hashlib.sha256((patch.diff if with_tests else patch.code_diff()).encode()).hexdigest()

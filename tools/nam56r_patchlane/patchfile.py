@@ -8,6 +8,7 @@ A patch file is, byte for byte:
     Upstream-Status: <see UPSTREAM_STATUS>
     Retire-When: <condition>
     Reproducer: <repo-relative path or none>
+    Upstream-Tests: <upstream test files or directories covering it, space-separated, or none: reason>
     <any further Key: value lines, kept as written>
 
     <why this patch exists: free text, one or more paragraphs>
@@ -16,6 +17,10 @@ A patch file is, byte for byte:
 
 The commit a patch becomes carries the same text as its message: the subject, a blank line, the
 other header lines, a blank line, the description. `export` turns it back into exactly the file.
+
+Sections of the diff under `tests/` or `test/` update upstream's own tests, as the upstream PR would.
+Release artifacts do not carry those tests, so the materialized trees take a patch's other sections only,
+and `export` keeps the file's test sections; `upstream-tests` applies them whole onto the pinned tests.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from pathlib import Path
 
 from .errors import PatchlaneError
 
-REQUIRED_FIELDS = ("Subject", "Pack", "Category", "Upstream-Status", "Retire-When", "Reproducer")
+REQUIRED_FIELDS = ("Subject", "Pack", "Category", "Upstream-Status", "Retire-When", "Reproducer", "Upstream-Tests")
+TEST_DIRS = ("tests", "test")
 CATEGORIES = ("bugfix", "memory", "perf", "cuda-graph", "dispatch", "compat", "integration")
 _PACK = re.compile(r"^(none|[0-9]{2}-[a-z0-9][a-z0-9-]*)$")
 _URL = r"https://\S+"
@@ -71,6 +77,48 @@ class PatchFile:
 
     def touched_files(self) -> list[str]:
         return [line.split(" b/", 1)[1] for line in self.diff.splitlines() if line.startswith(DIFF_START)]
+
+    def sections(self) -> list[tuple[str, str]]:
+        """The diff per file, in order: (path, its `diff --git` section)."""
+        return diff_sections(self.diff)
+
+    def code_diff(self) -> str:
+        """The diff without the sections that update upstream's tests."""
+        return "".join(text for path, text in self.sections() if not is_test_path(path))
+
+    def test_sections(self) -> list[tuple[str, str]]:
+        return [(path, text) for path, text in self.sections() if is_test_path(path)]
+
+    def declared_tests(self) -> tuple[str, ...]:
+        """`Upstream-Tests`: the upstream test paths covering this patch (empty for `none: reason`)."""
+        value = (self.get("Upstream-Tests") or "").strip()
+        return () if value.startswith("none:") else tuple(value.split())
+
+
+def is_test_path(path: str) -> bool:
+    """A path in upstream's own tests (`tests/...` or `test/...`)."""
+    return path.split("/", 1)[0] in TEST_DIRS and "/" in path
+
+
+def diff_sections(diff: str) -> list[tuple[str, str]]:
+    sections: list[tuple[str, str]] = []
+    for chunk in diff.split(f"\n{DIFF_START}"):
+        text = chunk if chunk.startswith(DIFF_START) else DIFF_START + chunk
+        if not chunk.strip():
+            continue
+        path = text.split("\n", 1)[0].split(" b/", 1)[1]
+        sections.append((path, text if text.endswith("\n") else text + "\n"))
+    return sections
+
+
+def merge_sections(diff: str, kept: list[tuple[str, str]]) -> str:
+    """`diff` with the `kept` sections of files it lacks, in git's path order."""
+    if not kept:
+        return diff
+    sections = dict(diff_sections(diff)) if diff else {}
+    for path, text in kept:
+        sections.setdefault(path, text)
+    return "".join(sections[path] for path in sorted(sections, key=lambda p: p.encode()))
 
 
 def sha256_text(text: str) -> str:
@@ -151,6 +199,18 @@ def validate_header(patch: PatchFile, where: str, repo_root: Path | None = None)
     reproducer = patch.get("Reproducer") or ""
     if reproducer != "none" and repo_root is not None and not (repo_root / reproducer).is_file():
         problems.append(f"{where}: Reproducer {reproducer!r} is not a file in the repository (or write 'none')")
+    problems += _upstream_tests_problems(patch.get("Upstream-Tests") or "", where)
     if not patch.description.strip():
         problems.append(f"{where}: no description: say why the patch exists")
     return problems
+
+
+def _upstream_tests_problems(value: str, where: str) -> list[str]:
+    if value.startswith("none:"):
+        return [] if value[5:].strip() else [f"{where}: Upstream-Tests 'none:' needs a reason (why no upstream test covers it)"]
+    paths = value.split()
+    if not paths:
+        return [f"{where}: Upstream-Tests is empty: name the upstream test files or directories covering the patch,"
+                " or write 'none: reason'"]
+    return [f"{where}: Upstream-Tests {path!r} is not a relative path under {' or '.join(TEST_DIRS)}/"
+            for path in paths if not is_test_path(path) or path.startswith("/") or ".." in path.split("/")]

@@ -57,16 +57,16 @@ def _scratch_base(root: Path, upstream: Upstream, ref: str, dest: Path, python: 
 def classify(tree: UpstreamTree, patch_path: Path) -> PatchReport:
     patch = read_patch(patch_path)
     name = patch_path.name
-    forward = tree.git("apply", "--check", "--verbose", "-", stdin=patch.diff, check=False)
+    forward = tree.git("apply", "--check", "--verbose", "-", stdin=patch.code_diff(), check=False)
     if forward.returncode == 0:
         offsets = re.findall(r"offset (-?\d+) lines?", forward.stdout + forward.stderr)
         _apply_and_commit(tree, patch, ())
         return PatchReport(name, OFFSET if offsets else CLEAN, f"offsets {', '.join(offsets)}" if offsets else "")
-    reverse = tree.git("apply", "--check", "--reverse", "-", stdin=patch.diff, check=False)
+    reverse = tree.git("apply", "--check", "--reverse", "-", stdin=patch.code_diff(), check=False)
     if reverse.returncode == 0:
         return PatchReport(name, ABSORBED, "already in this version (the patch reverse-applies)")
     for context in (2, 1):
-        fuzzed = tree.git("apply", "--check", f"-C{context}", "-", stdin=patch.diff, check=False)
+        fuzzed = tree.git("apply", "--check", f"-C{context}", "-", stdin=patch.code_diff(), check=False)
         if fuzzed.returncode == 0:
             _apply_and_commit(tree, patch, (f"-C{context}",))
             return PatchReport(name, FUZZ, f"fuzz {3 - context}: context lines moved; refresh and review")
@@ -76,8 +76,9 @@ def classify(tree: UpstreamTree, patch_path: Path) -> PatchReport:
 
 
 def _apply_and_commit(tree: UpstreamTree, patch, extra: tuple[str, ...]) -> None:
-    tree.git("apply", "--index", *extra, "-", stdin=patch.diff)
-    tree.commit(patch.commit_message())
+    if patch.code_diff():
+        tree.git("apply", "--index", *extra, "-", stdin=patch.code_diff())
+    tree.commit(patch.commit_message(), allow_empty=not patch.code_diff())
 
 
 def run_rebase(root: Path, upstream: Upstream, ref: str, report_path: Path | None, python: str, log=print) -> int:

@@ -18,7 +18,7 @@ from nam56r.training.runs.resume_check import ResumeCheck
 ROOT = CHECKOUT_ROOT
 PROG = "python -m nam56r.training.gpu_check"
 EXIT_FAILED, EXIT_NO_GPU, EXIT_USAGE = 1, 2, 2
-PARTS = ("tests", "packs", "train")
+PARTS = ("tests", "packs", "train", "upstream")
 # The train part runs this test's check (train, save, resume, compare) at 20 steps; the test runs 40.
 COVERED_BY_TRAIN = "tests/nam56r/test_gpu_train.py::test_tiny_run_loss_falls_and_resume_repeats_the_curve"
 
@@ -39,6 +39,7 @@ class Options:
     concurrent: bool = True  # the parts run at the same time on one GPU
     pack_jobs: int = 3  # packs run side by side within the packs part
     kernel_cache: CacheUse | None = None  # every part's processes compile into and load from it
+    upstream_tests_cache: Path | None = None  # the offline cache holding upstream's own tests; None: the part is skipped
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -69,6 +70,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "the difference")
     parser.add_argument("--kernel-cache-mismatch", choices=ON_MISMATCH, default="refuse",
                         help="a --kernel-cache of another stack: refuse (default, exit 2) or ignore it, saying so")
+    parser.add_argument("--upstream-tests-cache", type=Path, metavar="DIR",
+                        help="an offline cache holding the upstreams' own tests (`nox -s patches -- cache fill DIR`): the"
+                             " upstream part runs them on the release and on the series, on this GPU (default: the part is"
+                             " skipped, saying so)")
     parser.add_argument("megatron_flags", nargs="*", help="extra Megatron flags for both training runs, after `--`")
     return parser.parse_args(argv)
 
@@ -112,4 +117,5 @@ def options_from(args: argparse.Namespace) -> Options:
                    test_paths=tuple(args.tests), record=not args.no_record,
                    check=resume_check_from(args),
                    data=args.data.resolve() if args.data else None, megatron_flags=tuple(args.megatron_flags),
-                   concurrent=not args.sequential, pack_jobs=args.pack_jobs)
+                   concurrent=not args.sequential, pack_jobs=args.pack_jobs,
+                   upstream_tests_cache=args.upstream_tests_cache.resolve() if args.upstream_tests_cache else None)

@@ -1,6 +1,7 @@
-"""The check's three parts, each a dict for the summary with its status and problems: `tests` (pytest -m gpu, read
-from its JUnit XML, recorded as one `gpu-tests` manifest record), `packs` (tools/packs.py run, with each pack's
-verdict and records) and `train` (nam56r.training.runs.resume_check's train, checkpoint and resume, each run recorded)."""
+"""The check's parts, each a dict for the summary with its status and problems: `tests` (pytest -m gpu, read from its
+JUnit XML, recorded as one `gpu-tests` manifest record), `packs` (tools/packs.py run, with each pack's verdict and
+records), `train` (nam56r.training.runs.resume_check's train, checkpoint and resume, each run recorded) and `upstream`
+(upstream_part.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from nam56r_patchlane.errors import PatchlaneError
 
 from nam56r.training.gpu_check.options import COVERED_BY_TRAIN, ROOT, Options, launcher_recipe
+from nam56r.training.gpu_check.upstream_part import upstream_part
 from nam56r.training.runs.logged_run import run_logged
 from nam56r.training.runs.resume_check import ResumeResult, build_tiny_data, run_resume_check
 
@@ -159,5 +161,5 @@ def merge_packs_parts(together: dict, alone: dict) -> dict:
 
 PART_RUNNERS: dict[str, Callable[[Options], dict]] = {
     "tests": pytest_part, "packs": lambda opts: packs_part(opts, "skip" if opts.concurrent else "with-others"), "train": train_part,
-    "packs-alone": lambda opts: packs_part(opts, "only"),
+    "packs-alone": lambda opts: packs_part(opts, "only"), "upstream": upstream_part,
 }

@@ -2,7 +2,8 @@
 preflight, which gates a run, is nam56r.training.launcher.preflight; the two share nothing but the word.)
 
 1. The reproducer passed, on both sides, on a named host within the last N days, for the current
-   patch and reproducer checksum (the manifest decides, not the body's prose).
+   patch and reproducer checksum (the manifest decides, not the body's prose); so did upstream's own
+   tests covering the patches (upstream_tests_item.py).
 2. body.md renders as GitHub markdown (fences closed, tables well formed).
 3. The reproducer is attached as a file, not pasted into the body.
 4. No private infrastructure anywhere in what would be posted (body, patches, reproducer, pack.toml,
@@ -31,6 +32,8 @@ from .pack import Pack, pack_checksum, pack_problems
 from .records import manifest_excerpt, passing_records
 from .run import side_commits
 from .scrub import added_lines, load_config, scan_text
+from .upstream_tests_item import NAME as UPSTREAM_TESTS_ITEM
+from .upstream_tests_item import upstream_tests_problems
 
 MEGATRON_TARGET = "NVIDIA/Megatron-LM"
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
@@ -68,6 +71,11 @@ def manifest_item(pack: Pack, root: Path, today: dt.date, max_age_days: int) -> 
             problems.append(f"manifest: the last passing {side} run is {age} days old ({record['date']}, {record['host']['gpu']});"
                             f" the limit is {max_age_days}: run it again")
     return Item("reproducer passed recently (manifest)", tuple(problems))
+
+
+def upstream_tests_item(pack: Pack, root: Path, today: dt.date, max_age_days: int) -> Item:
+    problems, skipped = upstream_tests_problems(pack.patch_paths(root), root, pack.upstream, today, max_age_days)
+    return Item(UPSTREAM_TESTS_ITEM, tuple(problems), skipped)
 
 
 def attachment_item(pack: Pack) -> Item:
@@ -186,7 +194,8 @@ def run_filing_checklist(pack: Pack, root: Path, lock: Lock, today: dt.date, max
     """Every item of the checklist for one pack, in the order `packs preflight` prints them; without
     with_approval, all but the person's approval (what "ready" means to `packs waves` and `packs approve`)."""
     items = [Item("pack.toml valid", tuple(pack_problems(pack, root, lock))),
-             manifest_item(pack, root, today, max_age_days)]
+             manifest_item(pack, root, today, max_age_days),
+             upstream_tests_item(pack, root, today, max_age_days)]
     body = pack.body_path.read_text() if pack.body_path.is_file() else ""
     items.append(Item("body.md renders on GitHub", tuple(markdown_problems(body, "body.md"))))
     excerpt = {f"{pack.id}/validation.md (export)": manifest_excerpt(pack, root)}
