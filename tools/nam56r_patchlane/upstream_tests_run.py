@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
 
 from .apply import describe_apply_failure, git_apply
 from .errors import PatchlaneError
 from .gittree import UpstreamTree
+from .junit import read_cases
 from .lock import Upstream
 from .patchfile import PatchFile, read_patch
 from .series import read_series
@@ -125,26 +125,5 @@ def finish(process: subprocess.Popen, junit: Path, log_path: Path, side: str) ->
 
 
 def read_junit(path: Path) -> dict[str, Outcome]:
-    """pytest's xunit1 report as {test id: outcome}; ids are `file::Class::name` as pytest prints them."""
-    outcomes = {}
-    for case in ElementTree.parse(path).getroot().iter("testcase"):
-        outcomes[_test_id(case)] = _outcome(case)
-    return outcomes
-
-
-def _test_id(case: ElementTree.Element) -> str:
-    file, classname, name = case.get("file") or "", case.get("classname") or "", case.get("name") or ""
-    if not classname:  # a collection error: the module (dotted in `name`) stands for its tests
-        return file or name.replace(".", "/") + ".py"
-    module = file.removesuffix(".py").replace("/", ".")
-    inner = classname[len(module) + 1 :] if classname.startswith(module + ".") else ""
-    return "::".join(part for part in (file, inner.replace(".", "::"), name) if part)
-
-
-def _outcome(case: ElementTree.Element) -> Outcome:
-    for tag in ("failure", "error", "skipped"):
-        found = case.find(tag)
-        if found is not None:
-            text = (found.get("message") or "") + "\n" + (found.text or "")
-            return Outcome({"failure": "failed"}.get(tag, tag), text.strip()[:MESSAGE_CHARS])
-    return Outcome("passed", "")
+    """pytest's report as {test id: outcome}."""
+    return {case.id: Outcome(case.outcome, case.message) for case in read_cases(path, MESSAGE_CHARS)}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nam56r_patchlane.errors import PatchlaneError
+from nam56r_patchlane.junit import read_cases
 
 from nam56r.training.gpu_check.options import COVERED_BY_TRAIN, ROOT, Options, launcher_recipe
 from nam56r.training.gpu_check.upstream_part import upstream_part
@@ -27,20 +27,7 @@ if TYPE_CHECKING:
 
 def read_junit(path: Path) -> list[dict]:
     """Each test case of a pytest JUnit XML file (junit_family=xunit1): id, outcome, seconds, message."""
-    cases = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        file, name, classname = case.get("file", ""), case.get("name", ""), case.get("classname", "")
-        module = file.removesuffix(".py").replace("/", ".")
-        owner = classname[len(module) + 1:] if module and classname.startswith(module + ".") else ""
-        test_id = "::".join(p for p in (file or classname, owner, name) if p)
-        outcome, message = "passed", ""
-        for tag, label in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
-            found = case.find(tag)
-            if found is not None:
-                outcome, message = label, found.get("message", "")
-                break
-        cases.append({"id": test_id, "outcome": outcome, "seconds": round(float(case.get("time", 0) or 0), 3), "message": message[:500]})
-    return cases
+    return [asdict(case) for case in read_cases(path, message_chars=500)]
 
 
 def pytest_part(opts: Options) -> dict:
