@@ -202,6 +202,7 @@ def test_chunked_linear_ce_matches_the_reference_on_gpu_at_the_lm_head_shape() -
     hidden.grad = weight.grad = None
     loss, predictions = linear_cross_entropy(hidden, weight, labels)
     (loss * scale).sum().backward()
+    assert hidden.grad is not None and weight.grad is not None
     loss_err = (loss - ref).abs().max().item()
     grad_errs = [((a.float() - b).abs().max() / b.abs().max()).item() for a, b in zip((hidden.grad, weight.grad), ref_grads, strict=True)]
     assert loss_err < 2e-2 and max(grad_errs) < 2e-2, (loss_err, grad_errs)
