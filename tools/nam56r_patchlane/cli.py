@@ -9,6 +9,7 @@ from pathlib import Path
 from . import apply as ops
 from .artifacts import default_cache_dir
 from .build import BuildOptions, run_build
+from .bump_cli import add_bump_parser
 from .cache_commands import add_cache_parser
 from .check import run_ci_gate
 from .checkout_lock import CHECKOUT_LOCK_RELATIVE_PATH, checkout_lock
@@ -33,6 +34,7 @@ Typical flow:
   check                      the CI gate
   rebase -u NAME --to 0.20.0 report how the series fares on another upstream version
   upstream-tests [-u NAME]   upstream's own tests on the release and on the series, side by side
+  bump -u NAME --to 0.19.2 --tag T --commit SHA   move a pin; the lock changes only when every gate passes
 
 One command at a time writes a checkout: build, push, pop, new, refresh, import, export, rebase and
 cache fill hold third_party/.patchlane.lock while they run. A second one waits, naming the holder
@@ -274,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_parser(add, common)
     add_manifest_parser(add, common)
     add_upstream_tests_parser(add)
+    add_bump_parser(add)
     return parser
 
 

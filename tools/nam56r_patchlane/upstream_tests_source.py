@@ -56,22 +56,7 @@ def fill_tests(upstream: Upstream, cache_dir: Path, source: str | None, log=prin
     origin = source or upstream.git_url
     with tempfile.TemporaryDirectory(prefix="patchlane-tests-") as tmp:
         repo = Path(tmp)
-        _git("init", "--quiet", "--bare", ".", cwd=repo)
-        tag_ref = f"refs/tags/{upstream.tag}"
-        fetched = _git("fetch", "--quiet", "--depth", "1", "--no-tags", _as_git_source(origin), f"+{tag_ref}:{tag_ref}",
-                       cwd=repo)
-        if fetched.returncode != 0:
-            lines = fetched.stderr.strip().splitlines()
-            why = next((line for line in lines if line.startswith("fatal:")), lines[-1] if lines else "git fetch failed")
-            raise PatchlaneError(
-                f"{upstream.name}: cannot fetch tag {upstream.tag} from {origin} for its upstream tests: {why}",
-                f"where {upstream.git_url} is unreachable, name a clone or mirror holding the tag:"
-                f" `cache fill ... --tests-from {upstream.name}=PATH_OR_URL`",
-            )
-        commit = _git("rev-parse", f"{tag_ref}^{{commit}}", cwd=repo).stdout.strip()
-        if commit != upstream.commit:
-            raise PatchlaneError(f"{upstream.name}: tag {upstream.tag} at {origin} is {commit}, the lock pins {upstream.commit}",
-                                 "the source's tag moved or is another project: use a source holding the pinned commit")
+        commit = _fetch_tag(upstream, origin, repo)
         for test_root, tree_id in upstream.tests.items():
             found = _git("rev-parse", f"{commit}:{test_root}", cwd=repo).stdout.strip()
             if found != tree_id:
@@ -84,6 +69,38 @@ def fill_tests(upstream: Upstream, cache_dir: Path, source: str | None, log=prin
     log(f"  {upstream.name}: upstream tests {', '.join(upstream.tests)} at {upstream.tag} from {origin}"
         f" -> {dest} ({dest.stat().st_size / 2**20:.1f} MiB, tree ids verified)")
     return _entry(upstream, cache_dir, dest)
+
+
+def _fetch_tag(upstream: Upstream, origin: str, repo: Path) -> str:
+    """Fetch the upstream's tag from `origin` into a new bare `repo`; its commit, which must be the lock's."""
+    _git("init", "--quiet", "--bare", ".", cwd=repo)
+    tag_ref = f"refs/tags/{upstream.tag}"
+    fetched = _git("fetch", "--quiet", "--depth", "1", "--no-tags", _as_git_source(origin), f"+{tag_ref}:{tag_ref}", cwd=repo)
+    if fetched.returncode != 0:
+        lines = fetched.stderr.strip().splitlines()
+        why = next((line for line in lines if line.startswith("fatal:")), lines[-1] if lines else "git fetch failed")
+        raise PatchlaneError(
+            f"{upstream.name}: cannot fetch tag {upstream.tag} from {origin} for its upstream tests: {why}",
+            f"where {upstream.git_url} is unreachable, name a clone or mirror holding the tag:"
+            f" `cache fill ... --tests-from {upstream.name}=PATH_OR_URL`",
+        )
+    commit = _git("rev-parse", f"{tag_ref}^{{commit}}", cwd=repo).stdout.strip()
+    if commit != upstream.commit:
+        raise PatchlaneError(f"{upstream.name}: tag {upstream.tag} at {origin} is {commit}, the lock pins {upstream.commit}",
+                             "the source's tag moved or is another project: use a source holding the pinned commit")
+    return commit
+
+
+def object_ids_of_tests(upstream: Upstream, roots: list[str], source: str | None) -> dict[str, str]:
+    """The git object ids of `roots` at the upstream's tag (which must be its commit), for pinning them in the lock."""
+    with tempfile.TemporaryDirectory(prefix="patchlane-tests-") as tmp:
+        repo = Path(tmp)
+        commit = _fetch_tag(upstream, source or upstream.git_url, repo)
+        ids = {root: _git("rev-parse", f"{commit}:{root}", cwd=repo).stdout.strip() for root in roots}
+    missing = [root for root, found in ids.items() if not found]
+    if missing:
+        raise PatchlaneError(f"{upstream.name}: {upstream.tag} has no {', '.join(missing)}", "the test roots moved: pin them by hand")
+    return ids
 
 
 def _entry(upstream: Upstream, cache_dir: Path, dest: Path) -> CacheFile:
