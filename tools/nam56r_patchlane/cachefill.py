@@ -2,6 +2,7 @@
 (and nox with its sessions) needs on a machine that does not, for a named interpreter and platform.
 
   pinned artifacts   the lock's sdists/wheels, sha256-verified against the lock
+  corpus/            the releases the pinned training corpus is made of (the lock's [[corpus]]), sha256-verified
   upstream-tests/    each upstream's own tests at the pinned commit, from git, checked against the lock's
                      tree ids (upstream_tests_source.py); `--tests-from NAME=PATH` names a clone to take them from
   wheels/            [environment] build + runtime + profile lists, every upstream's runtime list,
@@ -19,8 +20,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .artifacts import fetch_artifact, sha256_file
+from .artifacts import fetch_artifact, locate_and_save, sha256_file
 from .cachemanifest import (
+    CORPUS_DIR,
     MANIFEST_NAME,
     MIB,
     WHEELS_DIR,
@@ -87,14 +89,14 @@ def excluded(profile: str, exclude: tuple[str, ...]) -> tuple[str, ...]:
 
 def run_fill(lock: Lock, options: FillOptions) -> int:
     cache_dir, target = options.cache_dir, options.target
-    progress = StepProgress(total=2 if options.artifacts_only else 5)
+    progress = StepProgress(total=2 if options.artifacts_only else 6)
     progress.next(f"target: {target.describe()}")
     cache_dir.mkdir(parents=True, exist_ok=True)
     artifacts = _fill_artifacts(lock, options, progress)
     if options.artifacts_only:
         print(f"pinned artifacts in {cache_dir}: {sum(f.size for f in artifacts) / MIB:.1f} MiB; no wheels (--artifacts-only)")
         return 0
-    tests = _fill_tests(lock, options, progress)
+    tests = _fill_tests(lock, options, progress) + _fill_corpus(lock, options.cache_dir, progress)
     groups = requirement_groups(lock, options.root, target.profile, options.extra)
     exclude = excluded(target.profile, options.exclude)
     cache_target = CacheTarget(python_version=target.minor_version, platforms=target.platforms, profile=target.profile,
@@ -144,6 +146,25 @@ def _fill_tests(lock: Lock, options: FillOptions, progress: StepProgress) -> lis
     if unknown:
         raise PatchlaneError(f"--tests-from names unknown upstream(s) {unknown}", f"known: {[u.name for u in lock.upstreams]}")
     return [f for u in upstreams if (f := fill_tests(u, options.cache_dir, options.tests_from.get(u.name), progress.log))]
+
+
+def _fill_corpus(lock: Lock, cache_dir: Path, progress: StepProgress) -> list[CacheFile]:
+    progress.next(f"the pinned corpus' {len(lock.corpus)} release(s)")
+    files = []
+    for source in lock.corpus:
+        path = cache_dir / CORPUS_DIR / source.filename
+        if not (path.is_file() and sha256_file(path) == source.sha256):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            locate_and_save(None, source.name, source.version, source.filename, path.parent)
+            if sha256_file(path) != source.sha256:
+                path.unlink()
+                raise PatchlaneError(f"{source.filename}: the index serves another file than the lock's sha256 {source.sha256}",
+                                     "the release was replaced on the index: pin it again in third_party/upstreams.toml")
+        progress.log(f"  {source.filename} ({path.stat().st_size / MIB:.1f} MiB, sha256 verified)")
+        files.append(CacheFile(path=f"{CORPUS_DIR}/{source.filename}", sha256=source.sha256, size=path.stat().st_size,
+                               kind=CORPUS_DIR, name=source.name, version=source.version))
+    return files
 
 
 def _reuse(cache_dir: Path, previous: CacheManifest, target: WheelTarget, progress: StepProgress) -> list[CacheFile]:

@@ -6,6 +6,7 @@ Layout of a cache directory:
   <pinned artifacts>     megatron_core-0.19.0.tar.gz, ... (verified against the lock as well)
   wheels/                every wheel an offline build, nox and its sessions install
   upstream-tests/        each upstream's own tests at the pinned commit (upstream_tests_source.py)
+  corpus/                the releases the pinned training corpus is made of
   nam56r-cache.json      this manifest
   .parts/NN/             after `cache split`: the same layout, a share of the files and the manifest in each part
 """
@@ -23,6 +24,7 @@ from .errors import PatchlaneError
 
 MANIFEST_NAME = "nam56r-cache.json"
 WHEELS_DIR = "wheels"
+CORPUS_DIR = "corpus"  # the pinned corpus' releases; also their files' kind
 PARTS_DIR = ".parts"
 SCHEMA = 1
 MIB = 1 << 20
@@ -62,7 +64,7 @@ class CacheManifest:
         return path
 
     def wheels(self) -> list[CacheFile]:
-        return [f for f in self.files if f.kind not in ("artifact", "upstream-tests")]
+        return [f for f in self.files if f.kind not in ("artifact", "upstream-tests", CORPUS_DIR)]
 
     def total_size(self) -> int:
         return sum(f.size for f in self.files)

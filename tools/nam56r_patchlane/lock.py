@@ -102,11 +102,22 @@ class NoxRequirements:
 
 
 @dataclass(frozen=True)
+class CorpusSource:
+    """One release whose C/C++ sources the pinned training corpus is made of (nam56r.training.data.pinned)."""
+
+    name: str  # the PyPI project
+    version: str
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Lock:
     path: Path
     environment: Environment
     upstreams: tuple[Upstream, ...]
     nox: NoxRequirements = field(default_factory=NoxRequirements)
+    corpus: tuple[CorpusSource, ...] = ()
 
     def get(self, name: str) -> Upstream:
         for upstream in self.upstreams:
@@ -185,7 +196,16 @@ def load_lock(root: Path) -> Lock:
     names = [u.name for u in upstreams]
     if len(set(names)) != len(names):
         raise PatchlaneError(f"{path}: duplicate upstream names in {names}")
-    return Lock(path=path, environment=environment, upstreams=upstreams, nox=_parse_nox(raw.get("nox", {}), path))
+    return Lock(path=path, environment=environment, upstreams=upstreams, nox=_parse_nox(raw.get("nox", {}), path),
+                corpus=tuple(_parse_corpus(entry, f"{path} corpus #{i + 1}") for i, entry in enumerate(raw.get("corpus", []))))
+
+
+def _parse_corpus(raw: dict, where: str) -> CorpusSource:
+    sha = str(_require(raw, "sha256", where)).lower()
+    if not _SHA256.match(sha):
+        raise PatchlaneError(f"{where}: sha256 {sha!r} is not 64 hex digits")
+    return CorpusSource(name=str(_require(raw, "name", where)), version=str(_require(raw, "version", where)),
+                        filename=str(_require(raw, "filename", where)), sha256=sha)
 
 
 def _parse_nox(raw: dict, path: Path) -> NoxRequirements:

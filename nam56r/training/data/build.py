@@ -5,6 +5,7 @@ into the paths `DataDir(out)` names, and data.json last, so a directory without 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import sys
@@ -40,6 +41,7 @@ class CorpusConfig:
     sources: tuple[Path, ...]  # directories searched recursively for SOURCE_SUFFIXES files
     valid_fraction: float = 0.02
     max_docs: int | None = None  # the first N readable documents in sorted order (tests)
+    dedup: bool = False  # drop exact and near copies before the split (dedup.py)
 
     def validate(self) -> CorpusConfig:
         if not 0.0 < self.valid_fraction < 1.0:
@@ -63,6 +65,7 @@ class Corpus:
     train: tuple[Document, ...]
     valid: tuple[Document, ...]
     skipped: tuple[tuple[str, str], ...]  # (path, reason) of files left out
+    dedup: dict | None = None  # what deduplication kept and dropped (DedupReport.as_json); None: not deduplicated
 
 
 class Progress:
@@ -121,12 +124,32 @@ def collect_corpus(config: CorpusConfig) -> Corpus:
             f"no usable source files under {', '.join(map(str, config.sources))} ({found}): pass --source DIR holding "
             f"non-empty UTF-8 files ending in {' '.join(SOURCE_SUFFIXES)}"
         )
+    report = None
+    if config.dedup:
+        from nam56r.training.data.dedup import deduplicate
+
+        print(f"deduplicating {len(docs)} documents (exact, then MinHash near copies)...", file=sys.stderr)
+        docs, found = deduplicate(docs)
+        report = found.as_json()
+        print(f"  kept {report['kept']}, dropped {report['dropped_exact']} exact and {report['dropped_near']} near copies",
+              file=sys.stderr)
     valid = assign_valid([d.key for d in docs], config.valid_fraction)
     return Corpus(
         train=tuple(d for d, v in zip(docs, valid, strict=True) if not v),
         valid=tuple(d for d, v in zip(docs, valid, strict=True) if v),
         skipped=tuple(skipped),
+        dedup=report,
     )
+
+
+def corpus_checksum(data: Corpus) -> str:
+    """sha256 of every document (split, key, text) in key order: the same corpus gives the same checksum anywhere."""
+    digest = hashlib.sha256()
+    for split, docs in (("train", data.train), ("valid", data.valid)):
+        for doc in sorted(docs, key=lambda d: d.key):
+            digest.update(f"{split}\0{doc.key}\0".encode())
+            digest.update(hashlib.sha256(doc.text.encode()).digest())
+    return digest.hexdigest()
 
 
 def train_tokenizer(texts: Sequence[str], vocab_size: int, out_dir: Path) -> tuple[Any, int]:
@@ -196,6 +219,8 @@ def build(out: Path, vocab_size: int, corpus: CorpusConfig, force: bool = False,
         "eod_id": eod_id,
         "dtype": np.dtype(dtype).name,
         "sha256": checksums,
+        "corpus_sha256": corpus_checksum(data),
+        "dedup": data.dedup,
         "command": shlex.join(command) if command else None,
         "tokenizers_version": tokenizers.__version__,
         "seconds": round(time.monotonic() - started, 1),

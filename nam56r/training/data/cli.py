@@ -30,12 +30,13 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from nam56r import CHECKOUT_ROOT
 from nam56r.model.config import ModelConfig
 from nam56r.training.data import baselines
 from nam56r.training.data.baselines import DEFAULT_BIGRAM_WEIGHT
 from nam56r.training.data.build import SOURCE_SUFFIXES, CorpusConfig, build, format_summary, torch_include_dir
 from nam56r.training.data.format import check_prefix
-from nam56r.training.data.layout import DEFAULT_DATA_DIR, DataDir, default_data_dir
+from nam56r.training.data.layout import DEFAULT_DATA_DIR, DEFAULT_SOURCES_DIR, DataDir, default_data_dir
 from nam56r.training.data.manifest import dataset_files, eod_id_near
 
 
@@ -58,9 +59,18 @@ def _check_main(args: argparse.Namespace) -> int:
 
 
 def _build_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    sources = tuple(args.source) if args.source else (torch_include_dir(),)
-    args.out = args.out or default_data_dir(args.vocab_size)
-    corpus = CorpusConfig(sources=sources, valid_fraction=args.valid_fraction, max_docs=args.max_docs)
+    if args.pinned:
+        from nam56r.training.data.pinned import pinned_source_root
+
+        try:
+            sources: tuple[Path, ...] = (pinned_source_root(CHECKOUT_ROOT / DEFAULT_SOURCES_DIR, args.cache, args.offline),)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"error: {exc}") from None
+    else:
+        sources = tuple(args.source) if args.source else (torch_include_dir(),)
+    args.out = args.out or (CHECKOUT_ROOT / DEFAULT_DATA_DIR / f"pinned-v{args.vocab_size}" if args.pinned
+                            else default_data_dir(args.vocab_size))
+    corpus = CorpusConfig(sources=sources, valid_fraction=args.valid_fraction, max_docs=args.max_docs, dedup=args.pinned)
     try:
         manifest = build(args.out, args.vocab_size, corpus, force=args.force, command=["python", "-m", "nam56r.training.data", *argv])
     except (FileExistsError, ValueError) as exc:
@@ -97,6 +107,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--source", type=Path, action="append", metavar="DIR",
                    help=f"directory of C/C++ files ({' '.join(SOURCE_SUFFIXES)}), repeatable; replaces the default "
                    "(the headers of the installed PyTorch wheel)")
+    b.add_argument("--pinned", action="store_true",
+                   help="the pinned corpus instead: the C/C++ sources of the lock's [[corpus]] releases (by version and sha256,"
+                   " the same on every machine), exact and near copies removed before the split (nam56r.training.data.pinned);"
+                   " default --out <repo>/data/pinned-v<VOCAB>")
+    b.add_argument("--cache", type=Path, action="append", metavar="DIR",
+                   help="with --pinned: an offline cache (`nox -s patches -- cache fill DIR`) or folder holding the releases;"
+                   " repeatable (default: the patch tool's artifact cache, downloading through pip what it lacks)")
+    b.add_argument("--offline", action="store_true", help="with --pinned: never download; a release missing from --cache is an error")
     b.add_argument("--max-docs", type=int, metavar="N", help="use only the first N readable documents in sorted order (quick tests)")
     b.add_argument("--valid-fraction", type=float, default=0.02, metavar="F",
                    help="share of documents in the valid split, by path hash (default: %(default)s)")

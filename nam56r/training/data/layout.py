@@ -10,6 +10,7 @@ from pathlib import Path
 from nam56r import CHECKOUT_ROOT
 
 DEFAULT_DATA_DIR = Path("data")  # relative to the repository root; git-ignored
+DEFAULT_SOURCES_DIR = DEFAULT_DATA_DIR / "sources"  # the pinned corpus' extracted releases
 BUILD_COMMAND = "python -m nam56r.training.data build"
 CONVERT_COMMAND = "python -m nam56r.training.data convert"
 

@@ -1,0 +1,101 @@
+"""The pinned corpus: the C/C++ sources of the releases the lock lists under [[corpus]], the same files on every
+machine (each release by version and sha256, fetched through pip or taken from an offline cache `cache fill` made).
+
+Each release's C/C++ files of at most MAX_FILE_BYTES (larger ones are generated tables and amalgamations) are
+extracted under SOURCES/<name>-<version>/, keyed by that folder and their path in the release, so the build's split
+and its deduplication (dedup.py) see one tree.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+from nam56r_patchlane.artifacts import default_cache_dir, locate_and_save, sha256_file
+from nam56r_patchlane.cachemanifest import CORPUS_DIR
+from nam56r_patchlane.lock import CorpusSource, load_lock
+
+from nam56r import CHECKOUT_ROOT
+from nam56r.training.data.build import SOURCE_SUFFIXES
+
+MAX_FILE_BYTES = 1_000_000
+EXTRACTED_MARK = ".nam56r-extracted.json"
+
+
+def corpus_sources(root: Path = CHECKOUT_ROOT) -> tuple[CorpusSource, ...]:
+    sources = load_lock(root).corpus
+    if not sources:
+        raise ValueError(f"{root}/third_party/upstreams.toml pins no [[corpus]] release")
+    return sources
+
+
+def fetch(source: CorpusSource, caches: list[Path], offline: bool) -> Path:
+    """The release file, sha256-verified: from `caches` (an offline cache's corpus/ folder, or the folder itself),
+    else downloaded through pip into the first cache's corpus/ folder unless `offline`."""
+    for cache in caches:
+        for path in (cache / CORPUS_DIR / source.filename, cache / source.filename):
+            if path.is_file():
+                if sha256_file(path) != source.sha256:
+                    raise ValueError(f"{path}: sha256 differs from the lock's {source.sha256}: delete it and fetch again")
+                return path
+    if offline:
+        raise ValueError(f"{source.filename} is in none of {', '.join(map(str, caches))}: fill an offline cache where an "
+                         "index is reachable (`nox -s patches -- cache fill DIR`) and pass it with --cache DIR")
+    dest = caches[0] / CORPUS_DIR
+    dest.mkdir(parents=True, exist_ok=True)
+    print(f"  downloading {source.name}=={source.version} ({source.filename}) through pip", file=sys.stderr)
+    path = locate_and_save(None, source.name, source.version, source.filename, dest)
+    if sha256_file(path) != source.sha256:
+        path.unlink()
+        raise ValueError(f"the index serves another {source.filename} than the lock's sha256 {source.sha256}")
+    return path
+
+
+def extract(source: CorpusSource, archive: Path, sources_dir: Path) -> Path:
+    """The release's C/C++ files under sources_dir/<name>-<version>/ (done once per sha256)."""
+    dest = sources_dir / f"{source.name}-{source.version}"
+    mark = dest / EXTRACTED_MARK
+    if mark.is_file() and json.loads(mark.read_text()).get("sha256") == source.sha256:
+        return dest
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    kept = skipped = 0
+    for name, size, read in _members(archive):
+        inner = name.split("/", 1)[1] if "/" in name else name  # below the release's top folder
+        if not inner.endswith(SOURCE_SUFFIXES) or ".." in inner.split("/"):
+            continue
+        if size > MAX_FILE_BYTES:
+            skipped += 1
+            continue
+        target = dest / inner
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(read())
+        kept += 1
+    mark.write_text(json.dumps({"sha256": source.sha256, "files": kept, "skipped_over_max_bytes": skipped}))
+    return dest
+
+
+def _members(archive: Path):
+    if archive.name.endswith((".whl", ".zip")):
+        with zipfile.ZipFile(archive) as zf:
+            for info in sorted(zf.infolist(), key=lambda i: i.filename):
+                if not info.is_dir():
+                    yield info.filename, info.file_size, lambda info=info: zf.read(info)
+        return
+    with tarfile.open(archive, "r|*") as tf:  # streamed in archive order: a gzip stream cannot seek back cheaply
+        for member in tf:
+            if member.isfile():
+                yield member.name, member.size, lambda member=member: tf.extractfile(member).read()
+
+
+def pinned_source_root(sources_dir: Path, caches: list[Path] | None = None, offline: bool = False,
+                       root: Path = CHECKOUT_ROOT) -> Path:
+    """Every pinned release fetched and extracted under `sources_dir`; returns it (the build's one source root)."""
+    caches = caches or [default_cache_dir()]
+    for source in corpus_sources(root):
+        extract(source, fetch(source, caches, offline), sources_dir)
+    return sources_dir
