@@ -51,9 +51,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="a launcher --linear-ce path (the LM head's and MTP heads' loss) the train-step and microbatch suites "
                              "run; repeat for several (default: microbatch compares every one, train-step runs the recipe's)")
     parser.add_argument("--train-args", action="append", type=_train_args, dest="train_args", default=[], metavar="'OPTIONS'",
-                        help="launcher options (nam56r.training.launcher's, one quoted string) for one train-step run of each "
-                             "model and size; repeat for before and after in one run, '' for none: e.g. --train-args '' "
-                             "--train-args '--overlap-dp-comm on' (default: one run with none)")
+                        help="launcher options (nam56r.training.launcher's, one quoted string; Megatron flags after a `--` in it)"
+                             " for one train-step run of each model and size; repeat for before and after in one run, '' for"
+                             " none: e.g. --train-args '' --train-args '--overlap-dp-comm on -- --grad-reduce-in-bf16'"
+                             " (default: one run with none)")
     parser.add_argument("--prewarm-mbs", type=_prewarm_sizes, default="1-16", metavar="SIZES",
                         help="micro-batch sizes the microbatch suite compiles each model's Mamba-3 MIMO TileLang kernels for, in "
                              "parallel, before its search (nam56r.training.launcher.kernel_prewarm: the kernels are compiled per "

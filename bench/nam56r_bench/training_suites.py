@@ -194,6 +194,16 @@ def train_step(ctx: Context) -> list[Row]:
     return rows
 
 
+def split_train_args(train_args: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`--train-args` as (launcher options, Megatron flags after its `--`): the run's command has one `--`, before
+    the profiler's Megatron flags and these."""
+    words = shlex.split(train_args)
+    if "--" not in words:
+        return tuple(words), ()
+    cut = words.index("--")
+    return tuple(words[:cut]), tuple(words[cut + 1 :])
+
+
 def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, peak: float, ctx: Context,
                     recompute: str | None = None, linear_ce: str | None = None, train_args: str = "") -> Row:
     """One train-step row: a run of `steps` at micro-batch `mbs` (None: the recipe's) with the launcher's `--recompute`
@@ -201,9 +211,11 @@ def _train_step_row(recipe: str, mbs: int | None, run_dir: Path, steps: int, pea
     string), profiled unless --quick."""
     profiled = not ctx.quick
     profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
+    launcher_args, megatron_args = split_train_args(train_args)
     options = ((("--recompute", recompute) if recompute else ()) + (("--linear-ce", linear_ce) if linear_ce else ())
-               + tuple(shlex.split(train_args)))
-    result = train(recipe, run_dir, mbs=mbs, steps=steps, options=options, extra=profile if profiled else ())
+               + launcher_args)
+    result = train(recipe, run_dir, mbs=mbs, steps=steps, options=options,
+                   extra=(profile if profiled else ()) + megatron_args)
     case = (model_label(recipe) + (f" mbs {mbs}" if mbs else "") + (f" recompute {recompute}" if recompute else "")
             + (f" linear-ce {linear_ce}" if linear_ce else "") + (f" {train_args}" if train_args else ""))
     extra = {"gemm_peak_tflops": round(peak, 1), "exit": result["exit"], "first_step_s": result["first_step_s"],

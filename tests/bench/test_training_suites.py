@@ -23,6 +23,7 @@ from nam56r_bench.training_suites import (
     prewarm_command,
     recompute_settings,
     run_settings,
+    split_train_args,
     train_command,
 )
 
@@ -117,6 +118,23 @@ def test_bench_training_runs_save_no_checkpoint(recipe: str, global_batch: int, 
     assert "checkpoints: none (--no-save)" in out
     assert "--micro-batch-size 2 " in out and f"--global-batch-size {global_batch} " in out and "--save " not in out
     assert f"--nproc-per-node {RECIPES[recipe].gpus} " in out
+
+
+def test_train_args_with_megatron_flags_make_one_command_the_launcher_and_megatron_accept(
+        tmp_path: Path, megatron_built, capsys: pytest.CaptureFixture) -> None:
+    """`--train-args '--recompute moe -- --grad-reduce-in-bf16'`: launcher options before the run's one `--`, Megatron
+    flags after it beside the profiler's."""
+    from nam56r.training.launcher.train import main as train_main
+
+    launcher, megatron = split_train_args("--recompute moe -- --grad-reduce-in-bf16")
+    assert (launcher, megatron) == (("--recompute", "moe"), ("--grad-reduce-in-bf16",))
+    assert split_train_args("--recompute moe") == (("--recompute", "moe"), ())
+    profile = ("--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "22")
+    command = train_command("proxy", tmp_path / "run", mbs=1, steps=3, options=(*launcher, "--dry-run"),
+                            extra=profile + megatron)
+    assert command.count("--") == 1
+    assert train_main(command[3:]) == 0
+    assert "--grad-reduce-in-bf16" in capsys.readouterr().out
 
 
 def test_a_micro_batch_try_reads_a_real_run_summary() -> None:
