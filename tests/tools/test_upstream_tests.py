@@ -137,3 +137,17 @@ def test_upstream_tests_refuse_a_cache_without_the_tests(lane: Lane, tmp_path: P
 
     assert result.code != 0
     assert "holds no upstream tests" in result.err and "--tests-from fakeup=PATH" in result.err
+
+
+def test_check_refuses_a_declared_test_the_pinned_tests_lack(lane: Lane, tmp_path: Path) -> None:
+    tests_cache = tmp_path / "tests-cache"
+    _store_tests(lane, tests_cache, str(lane.fake.path))
+    patch = lane.patches / "0001-core-scale.patch"
+    patch.write_text(patch.read_text().replace("Upstream-Tests: tests/test_core.py", "Upstream-Tests: tests/test_kore.py"))
+    argv = ["--root", str(lane.root), "--python", sys.executable, "check"]
+
+    refused = Lane.main(["--cache", str(tests_cache), *argv])
+    unchecked = Lane.main(["--cache", str(lane.cache), *argv])
+
+    assert refused.code == 1 and "Upstream-Tests 'tests/test_kore.py' is not in fakeup's tests at v1" in refused.out
+    assert unchecked.code == 0 and "Upstream-Tests paths not checked against the tests" in unchecked.out

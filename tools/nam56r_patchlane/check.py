@@ -6,6 +6,7 @@ it is never filed (patches/packs/README.md)."""
 
 from __future__ import annotations
 
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from .packs.pack import coverage_problems, load_packs, pack_problems
 from .patchfile import read_patch, validate_header
 from .series import read_series, series_problems
 from .superproject import gitlink_problems
+from .upstream_tests_source import cached_archive
 
 
 def _fresh_base(root: Path, upstream: Upstream, cache_dir: Path, offline: bool, python: str, scratch: Path, log) -> UpstreamTree:
@@ -29,6 +31,22 @@ def _fresh_base(root: Path, upstream: Upstream, cache_dir: Path, offline: bool, 
         return tree.shared_clone(dest, tree.base_commit(), "check")
     log(f"  {upstream.name}: not materialized; materializing its base in a scratch directory")
     return materialize_upstream(root, upstream, cache_dir, offline, python, log, dest=dest).tree
+
+
+def declared_tests_problems(upstream: Upstream, cache_dir: Path, entries: list, log) -> list[str]:
+    """Each `Upstream-Tests` path that the pinned tests lack, when the cache holds them (else said, and not checked)."""
+    if not upstream.tests:
+        return []
+    try:
+        archive = cached_archive(upstream, cache_dir)
+    except PatchlaneError:
+        log(f"  {upstream.name}: Upstream-Tests paths not checked against the tests: {cache_dir} holds none (cache fill stores them)")
+        return []
+    with tarfile.open(archive) as tar:
+        names = {member.name.rstrip("/") for member in tar.getmembers()}
+    directories = {"/".join(name.split("/")[:i]) for name in names for i in range(1, name.count("/") + 1)}
+    return [f"{entry.path}: Upstream-Tests {path!r} is not in {upstream.name}'s tests at {upstream.tag}"
+            for entry in entries for path in read_patch(entry.path).declared_tests() if path not in names | directories]
 
 
 def check_upstream(root: Path, upstream: Upstream, cache_dir: Path, offline: bool, python: str, log=print) -> list[str]:
@@ -46,6 +64,7 @@ def check_upstream(root: Path, upstream: Upstream, cache_dir: Path, offline: boo
         problems.append(f"{upstream.name}: install = \"wheel\" in the lock, but the series has patches (needs \"editable\")")
     if problems or not entries:
         return problems
+    problems += declared_tests_problems(upstream, cache_dir, entries, log)
     with tempfile.TemporaryDirectory(prefix="patchlane-check-") as tmp:
         tree = _fresh_base(root, upstream, cache_dir, offline, python, Path(tmp), log)
         parent = tree.head()
