@@ -88,7 +88,8 @@ def _apply(upstream: Upstream, tree: UpstreamTree, path: Path) -> tuple[PatchFil
 
 
 def missing_paths(tree: UpstreamTree, paths: list[str]) -> list[str]:
-    return [p for p in paths if not (tree.path / p).exists()]
+    """The paths (or the files of pytest ids, `file::name`) the tree lacks."""
+    return [p for p in paths if not (tree.path / p.split("::", 1)[0]).exists()]
 
 
 def run_pytest(upstream: Upstream, tree: UpstreamTree, paths: list[str], junit: Path, log_path: Path,
