@@ -108,7 +108,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def data(session: nox.Session) -> None:
-    """Build the default training corpus (PyTorch's C++ headers, byte-level BPE, Megatron .bin/.idx): `-- --help`."""
+    """Build the default training corpus (the pinned C/C++ releases, deduplicated, byte-level BPE, Megatron .bin/.idx): `-- --help`."""
     _build(session)
     _venv_install(session, *TRAIN_REQUIREMENTS)
     session.run(str(VENV_PYTHON), "-m", "nam56r.training.data", *(session.posargs or ["build"]), external=True)

@@ -237,7 +237,8 @@ def test_build_help_explains_every_option(capsys) -> None:
         main(["build", "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for option in ("--out", "--vocab-size", "--max-docs", "--source", "--valid-fraction", "--force", "headers-v<VOCAB>"):
+    for option in ("--out", "--vocab-size", "--max-docs", "--source", "--valid-fraction", "--force", "--torch-headers",
+                   "--cache", "--offline", "pinned-v<VOCAB>"):
         assert option in text
 
 

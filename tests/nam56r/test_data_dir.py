@@ -25,4 +25,4 @@ def test_an_unknown_split_is_refused_naming_the_splits() -> None:
 
 
 def test_the_default_corpus_lives_under_data_by_vocabulary(tmp_path: Path) -> None:
-    assert default_data_dir(512, root=tmp_path) == tmp_path / "data" / "cpp-headers-v512"
+    assert default_data_dir(512, root=tmp_path) == tmp_path / "data" / "pinned-v512"

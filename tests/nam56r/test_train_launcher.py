@@ -326,10 +326,13 @@ def test_missing_default_data_is_built_at_the_paths_already_in_the_flags(megatro
 
     import nam56r.training.data.build as data_build
     import nam56r.training.data.layout as data_dir
+    import nam56r.training.data.pinned as pinned
     from nam56r.training.launcher.train import _ensure_data, choose_data
 
     real_build = data_build.build
-    monkeypatch.setattr(data_dir, "default_data_dir", lambda vocab_size: tmp_path / f"cpp-headers-v{vocab_size}")
+    monkeypatch.setattr(data_dir, "default_data_dir", lambda vocab_size: tmp_path / f"pinned-v{vocab_size}")
+    # the pinned releases have their own test (tests/data/test_pinned_corpus.py); here the headers torch ships stand in
+    monkeypatch.setattr(pinned, "default_corpus", lambda: data_build.CorpusConfig(sources=(data_build.torch_include_dir(),)))
     monkeypatch.setattr(
         data_build, "build", lambda out, vocab, corpus, command=None: real_build(out, vocab, replace(corpus, max_docs=40), command=command)
     )

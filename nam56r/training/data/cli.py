@@ -1,13 +1,15 @@
-"""The default training data, built from files already on this machine, and Megatron's view of it.
+"""The default training data (the pinned corpus), and Megatron's view of it.
 
-    python -m nam56r.training.data build [--out DIR] [--vocab-size N] [--source DIR ...]   # no download
+    python -m nam56r.training.data build [--out DIR] [--vocab-size N] [--cache DIR] [--offline]   # the pinned corpus
+    python -m nam56r.training.data build --source DIR ... | --torch-headers                       # files on this machine
     python -m nam56r.training.data check PREFIX ...                                         # counts, EOD at every end
     python -m nam56r.training.data convert FILE ... --out PREFIX ...   # your jsonl/parquet (nam56r.training.data.convert)
     python -m nam56r.training.data baselines DIR                       # unigram and bigram cross-entropy of the valid split
 
-`build` makes a C/C++ corpus from the headers the installed PyTorch wheel ships (about 9,400
-files, 39 MB; one file is one document), trains a byte-level BPE tokenizer on its train split and
-writes Megatron indexed datasets with Megatron's own builder:
+`build` makes a C/C++ corpus from the releases third_party/upstreams.toml pins under [[corpus]] (by version and
+sha256: the same documents on every machine; nam56r.training.data.pinned), with exact and near copies removed
+before the split (nam56r.training.data.dedup); one file is one document. It trains a byte-level BPE tokenizer on
+its train split and writes Megatron indexed datasets with Megatron's own builder:
 
     <out>/tokenizer/                         HuggingFace tokenizer (AutoTokenizer and Megatron's
                                              HuggingFaceTokenizer load it; EOD is <|endoftext|>)
@@ -28,15 +30,15 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from nam56r import CHECKOUT_ROOT
 from nam56r.model.config import ModelConfig
 from nam56r.training.data import baselines
 from nam56r.training.data.baselines import DEFAULT_BIGRAM_WEIGHT
 from nam56r.training.data.build import SOURCE_SUFFIXES, CorpusConfig, build, format_summary, torch_include_dir
 from nam56r.training.data.format import check_prefix
-from nam56r.training.data.layout import DEFAULT_DATA_DIR, DEFAULT_SOURCES_DIR, DataDir, default_data_dir
+from nam56r.training.data.layout import DEFAULT_DATA_DIR, DataDir, default_data_dir
 from nam56r.training.data.manifest import dataset_files, eod_id_near
 
 
@@ -59,18 +61,18 @@ def _check_main(args: argparse.Namespace) -> int:
 
 
 def _build_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    if args.pinned:
-        from nam56r.training.data.pinned import pinned_source_root
+    if args.source or args.torch_headers:
+        corpus = CorpusConfig(sources=tuple(args.source) if args.source else (torch_include_dir(),),
+                              valid_fraction=args.valid_fraction, max_docs=args.max_docs)
+    else:
+        from nam56r.training.data.pinned import default_corpus
 
         try:
-            sources: tuple[Path, ...] = (pinned_source_root(CHECKOUT_ROOT / DEFAULT_SOURCES_DIR, args.cache, args.offline),)
+            pinned = default_corpus(args.cache, True if args.offline else None)
         except (OSError, ValueError) as exc:
             raise SystemExit(f"error: {exc}") from None
-    else:
-        sources = tuple(args.source) if args.source else (torch_include_dir(),)
-    args.out = args.out or (CHECKOUT_ROOT / DEFAULT_DATA_DIR / f"pinned-v{args.vocab_size}" if args.pinned
-                            else default_data_dir(args.vocab_size))
-    corpus = CorpusConfig(sources=sources, valid_fraction=args.valid_fraction, max_docs=args.max_docs, dedup=args.pinned)
+        corpus = replace(pinned, valid_fraction=args.valid_fraction, max_docs=args.max_docs)
+    args.out = args.out or default_data_dir(args.vocab_size)
     try:
         manifest = build(args.out, args.vocab_size, corpus, force=args.force, command=["python", "-m", "nam56r.training.data", *argv])
     except (FileExistsError, ValueError) as exc:
@@ -100,21 +102,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     b.add_argument("--out", type=Path, metavar="DIR",
-                   help=f"output directory (default: <repo>/{DEFAULT_DATA_DIR}/cpp-headers-v<VOCAB>, git-ignored: the launcher reads it)")
+                   help=f"output directory (default: <repo>/{DEFAULT_DATA_DIR}/pinned-v<VOCAB>, git-ignored: the launcher reads it)")
     b.add_argument("--vocab-size", type=int, default=ModelConfig.vocab_size, metavar="N",
                    help="BPE vocabulary size; pass the model preset's vocab_size (nam56r: 131072, nam56r-tiny: 512). A small "
                    "corpus may reach fewer tokens: the size reached is reported and recorded, never padded (default: %(default)s)")
     b.add_argument("--source", type=Path, action="append", metavar="DIR",
                    help=f"directory of C/C++ files ({' '.join(SOURCE_SUFFIXES)}), repeatable; replaces the default "
-                   "(the headers of the installed PyTorch wheel)")
-    b.add_argument("--pinned", action="store_true",
-                   help="the pinned corpus instead: the C/C++ sources of the lock's [[corpus]] releases (by version and sha256,"
-                   " the same on every machine), exact and near copies removed before the split (nam56r.training.data.pinned);"
-                   " default --out <repo>/data/pinned-v<VOCAB>")
+                   "(the pinned releases)")
+    b.add_argument("--torch-headers", action="store_true",
+                   help="the headers of the installed PyTorch wheel instead of the pinned releases (differs between torch builds)")
     b.add_argument("--cache", type=Path, action="append", metavar="DIR",
-                   help="with --pinned: an offline cache (`nox -s patches -- cache fill DIR`) or folder holding the releases;"
-                   " repeatable (default: the patch tool's artifact cache, downloading through pip what it lacks)")
-    b.add_argument("--offline", action="store_true", help="with --pinned: never download; a release missing from --cache is an error")
+                   help="an offline cache (`nox -s patches -- cache fill DIR`) or folder holding the pinned releases; repeatable"
+                   " (default: the cache `nox -s build` used, then the patch tool's artifact cache, downloading through pip"
+                   " what they lack unless that build ran --offline)")
+    b.add_argument("--offline", action="store_true", help="never download: a pinned release missing from the caches is an error")
     b.add_argument("--max-docs", type=int, metavar="N", help="use only the first N readable documents in sorted order (quick tests)")
     b.add_argument("--valid-fraction", type=float, default=0.02, metavar="F",
                    help="share of documents in the valid split, by path hash (default: %(default)s)")

@@ -1,5 +1,5 @@
 """The layout of one data directory (`python -m nam56r.training.data build --out DIR`, default
-data/cpp-headers-v<VOCAB>/): every path inside it comes from `DataDir`, for the build that writes it and
+data/pinned-v<VOCAB>/): every path inside it comes from `DataDir`, for the build that writes it and
 the readers (the launcher, `data check`, the data checks, the resume check) alike."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ CONVERT_COMMAND = "python -m nam56r.training.data convert"
 
 
 def default_data_dir(vocab_size: int, root: Path = CHECKOUT_ROOT) -> Path:
-    """The default corpus for a vocabulary size: `<root>/data/cpp-headers-v<N>`. Where
+    """The default corpus for a vocabulary size: `<root>/data/pinned-v<N>`. Where
     `python -m nam56r.training.data build` writes and where `nam56r.training.launcher` reads when no --data is given."""
-    return root / DEFAULT_DATA_DIR / f"cpp-headers-v{vocab_size}"
+    return root / DEFAULT_DATA_DIR / f"pinned-v{vocab_size}"
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,12 @@ from nam56r_patchlane.cachemanifest import CORPUS_DIR
 from nam56r_patchlane.lock import CorpusSource, load_lock
 
 from nam56r import CHECKOUT_ROOT
-from nam56r.training.data.build import SOURCE_SUFFIXES
+from nam56r.training.data.build import SOURCE_SUFFIXES, CorpusConfig
+from nam56r.training.data.layout import DEFAULT_SOURCES_DIR
 
 MAX_FILE_BYTES = 1_000_000
 EXTRACTED_MARK = ".nam56r-extracted.json"
+BUILD_RECORD = "nam56r-build.json"  # what `nox -s build` leaves in the environment (nam56r_patchlane.environment)
 
 
 def corpus_sources(root: Path = CHECKOUT_ROOT) -> tuple[CorpusSource, ...]:
@@ -99,3 +101,21 @@ def pinned_source_root(sources_dir: Path, caches: list[Path] | None = None, offl
     for source in corpus_sources(root):
         extract(source, fetch(source, caches, offline), sources_dir)
     return sources_dir
+
+
+def build_cache() -> tuple[list[Path], bool]:
+    """Where this environment's build took its artifacts from, and whether it ran --offline: an air-gapped node's
+    offline cache holds the corpus releases too. Without a build record, the patch tool's artifact cache, online."""
+    record = Path(sys.prefix) / BUILD_RECORD
+    if record.is_file():
+        built = json.loads(record.read_text())
+        return [Path(built["cache"]), default_cache_dir()], bool(built.get("offline"))
+    return [default_cache_dir()], False
+
+
+def default_corpus(caches: list[Path] | None = None, offline: bool | None = None) -> CorpusConfig:
+    """The default corpus: the pinned releases, deduplicated; from `caches` (default: the build's, see build_cache)."""
+    found, built_offline = build_cache()
+    sources_dir = CHECKOUT_ROOT / DEFAULT_SOURCES_DIR
+    root = pinned_source_root(sources_dir, caches or found, built_offline if offline is None else offline)
+    return CorpusConfig(sources=(root,), dedup=True)

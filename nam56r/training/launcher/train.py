@@ -368,13 +368,18 @@ def _ensure_data(data: DataChoice, vocab_size: int) -> None:
     into the flags (checked), so nothing is lowered, validated or printed a second time."""
     if data.ready:
         return
-    from nam56r.training.data.build import CorpusConfig, build, format_summary, torch_include_dir
+    from nam56r.training.data import pinned
+    from nam56r.training.data.build import build, format_summary
     from nam56r.training.data.layout import default_data_dir
 
     directory = default_data_dir(vocab_size)
     print(f"building the default C/C++ corpus for vocab {vocab_size} into {directory} (once)", flush=True)
     command = ["python", "-m", "nam56r.training.data", "build", "--vocab-size", str(vocab_size), "--out", str(directory)]
-    print(format_summary(directory, build(directory, vocab_size, CorpusConfig(sources=(torch_include_dir(),)), command=command)))
+    try:
+        corpus = pinned.default_corpus()
+    except ValueError as exc:
+        raise TrainError(f"the default corpus cannot be built: {exc}") from exc
+    print(format_summary(directory, build(directory, vocab_size, corpus, command=command)))
     if (built := _built_data(directory, vocab_size)) != data.paths:
         raise TrainError(f"the default corpus was built as {built}, not at the paths in the flags ({data.paths})")
     print(f"data checked: {check_data_or_refuse(data, vocab_size)}")
