@@ -17,7 +17,7 @@ from pathlib import Path
 from .apply import describe_apply_failure, git_apply
 from .errors import PatchlaneError
 from .gittree import UpstreamTree
-from .junit import read_cases
+from .junit import Case, read_cases
 from .lock import Upstream
 from .patchfile import PatchFile, read_patch
 from .series import read_series
@@ -31,27 +31,24 @@ MESSAGE_CHARS = 20000  # enough of a traceback to tell what the failure needs (a
 
 @dataclass(frozen=True)
 class AppliedUpdate:
-    """One series patch on the patched side: its commit there and the upstream test files it updates."""
+    """One series patch on the patched side: its commit there."""
 
     name: str
     path: Path
     patch: PatchFile
     commit: str
-    updated_tests: tuple[str, ...]
+
+    @property
+    def updated_tests(self) -> tuple[str, ...]:
+        """The upstream test files the patch updates."""
+        return tuple(path for path, _ in self.patch.test_sections())
 
 
 @dataclass(frozen=True)
 class Sides:
-    base: UpstreamTree
+    base: UpstreamTree  # the release with the pinned tests laid on
     patched: UpstreamTree
-    tests_commit: str  # the base with the pinned tests laid on
     patches: tuple[AppliedUpdate, ...]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    outcome: str  # passed | failed | error | skipped
-    message: str  # the failure, error or skip reason: its message line, then the traceback (cut at MESSAGE_CHARS)
 
 
 def build_sides(root: Path, upstream: Upstream, source: UpstreamTree, archive: Path, scratch: Path,
@@ -70,11 +67,8 @@ def build_sides(root: Path, upstream: Upstream, source: UpstreamTree, archive: P
     patched = base.shared_clone(scratch / "patched", tests_commit, "series")
     for entry in (e for e in entries if e.name in base_includes):
         _apply(upstream, base, entry.path)
-    applied = []
-    for entry in entries:
-        patch, commit = _apply(upstream, patched, entry.path)
-        applied.append(AppliedUpdate(entry.name, entry.path, patch, commit, tuple(p for p, _ in patch.test_sections())))
-    return Sides(base=base, patched=patched, tests_commit=tests_commit, patches=tuple(applied))
+    applied = [AppliedUpdate(entry.name, entry.path, *_apply(upstream, patched, entry.path)) for entry in entries]
+    return Sides(base=base, patched=patched, patches=tuple(applied))
 
 
 def _apply(upstream: Upstream, tree: UpstreamTree, path: Path) -> tuple[PatchFile, str]:
@@ -111,7 +105,7 @@ def run_pytest(upstream: Upstream, tree: UpstreamTree, paths: list[str], junit: 
     return process
 
 
-def finish(process: subprocess.Popen, junit: Path, log_path: Path, side: str) -> dict[str, Outcome]:
+def finish(process: subprocess.Popen, junit: Path, log_path: Path, side: str) -> dict[str, Case]:
     """Wait for a side's pytest; its outcomes by test id. Raises when it produced none (setup or guard failure)."""
     code = process.wait()
     if code == GUARD_EXIT:
@@ -125,6 +119,6 @@ def finish(process: subprocess.Popen, junit: Path, log_path: Path, side: str) ->
     return read_junit(junit)
 
 
-def read_junit(path: Path) -> dict[str, Outcome]:
-    """pytest's report as {test id: outcome}."""
-    return {case.id: Outcome(case.outcome, case.message) for case in read_cases(path, MESSAGE_CHARS)}
+def read_junit(path: Path) -> dict[str, Case]:
+    """pytest's report as {test id: its case}."""
+    return {case.id: case for case in read_cases(path, MESSAGE_CHARS)}

@@ -57,11 +57,9 @@ def fill_tests(upstream: Upstream, cache_dir: Path, source: str | None, log=prin
     with tempfile.TemporaryDirectory(prefix="patchlane-tests-") as tmp:
         repo = Path(tmp)
         commit = _fetch_tag(upstream, origin, repo)
-        for test_root, tree_id in upstream.tests.items():
-            found = _git("rev-parse", f"{commit}:{test_root}", cwd=repo).stdout.strip()
-            if found != tree_id:
-                raise PatchlaneError(f"{upstream.name}: {test_root} at {commit[:12]} is tree {found or '(absent)'},"
-                                     f" the lock pins {tree_id}")
+        problems = _pin_problems(upstream, _root_ids(repo, commit, list(upstream.tests)), commit[:12])
+        if problems:
+            raise PatchlaneError(f"{upstream.name}: {problems[0]}")
         dest.parent.mkdir(parents=True, exist_ok=True)
         made = _git("archive", "--format=tar.gz", "-o", str(dest), commit, "--", *upstream.tests, cwd=repo)
         if made.returncode != 0:
@@ -95,8 +93,7 @@ def object_ids_of_tests(upstream: Upstream, roots: list[str], source: str | None
     """The git object ids of `roots` at the upstream's tag (which must be its commit), for pinning them in the lock."""
     with tempfile.TemporaryDirectory(prefix="patchlane-tests-") as tmp:
         repo = Path(tmp)
-        commit = _fetch_tag(upstream, source or upstream.git_url, repo)
-        ids = {root: _git("rev-parse", f"{commit}:{root}", cwd=repo).stdout.strip() for root in roots}
+        ids = _root_ids(repo, _fetch_tag(upstream, source or upstream.git_url, repo), roots)
     missing = [root for root, found in ids.items() if not found]
     if missing:
         raise PatchlaneError(f"{upstream.name}: {upstream.tag} has no {', '.join(missing)}", "the test roots moved: pin them by hand")
@@ -116,8 +113,18 @@ def _archive_problems(upstream: Upstream, archive: Path) -> list[str]:
         _git("init", "--quiet", ".", cwd=work)
         _git("add", "--force", "--all", cwd=work)
         tree = _git("write-tree", cwd=work).stdout.strip()
-        return [f"{root}: tree {found or '(absent)'}, the lock pins {pinned}" for root, pinned in upstream.tests.items()
-                if (found := _git("rev-parse", f"{tree}:{root}", cwd=work).stdout.strip()) != pinned]
+        return _pin_problems(upstream, _root_ids(work, tree, list(upstream.tests)), "the archive")
+
+
+def _root_ids(repo: Path, rev: str, roots: list[str]) -> dict[str, str]:
+    """The git object id of each root at `rev` in `repo` ("" where it is absent)."""
+    return {root: _git("rev-parse", f"{rev}:{root}", cwd=repo).stdout.strip() for root in roots}
+
+
+def _pin_problems(upstream: Upstream, found: dict[str, str], where: str) -> list[str]:
+    """Each test root whose object id (`found` at `where`) is not the lock's."""
+    return [f"{root} at {where} is tree {found.get(root) or '(absent)'}, the lock pins {pinned}"
+            for root, pinned in upstream.tests.items() if found.get(root) != pinned]
 
 
 def _extract(archive: Path, dest: Path) -> None:
@@ -150,9 +157,8 @@ def lay_tests(upstream: Upstream, archive: Path, tree: UpstreamTree) -> str:
     _extract(archive, tree.path)
     tree.git("add", "--force", "--", *upstream.tests)
     commit = tree.commit(f"upstream tests: {' '.join(upstream.tests)} at {upstream.tag}\n", allow_empty=True)
-    for test_root, pinned in upstream.tests.items():
-        found = tree.git("rev-parse", f"{commit}:{test_root}", check=False).stdout.strip()
-        if found != pinned:
-            raise PatchlaneError(f"{upstream.name}: {test_root} laid onto {tree.path} is tree {found or '(absent)'},"
-                                 f" the lock pins {pinned}", "the cached archive is not the pinned tests: run cache fill again")
+    problems = _pin_problems(upstream, _root_ids(tree.path, commit, list(upstream.tests)), f"{tree.path}")
+    if problems:
+        raise PatchlaneError(f"{upstream.name}: {problems[0]}",
+                             "the cached archive is not the pinned tests: run cache fill again")
     return commit

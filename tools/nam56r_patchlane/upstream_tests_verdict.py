@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import PatchlaneError
-from .upstream_tests_run import Outcome
+from .junit import Case
 
 REGRESSION, EXPLAINED, FIXED, BOTH_FAIL, PASSED, SKIPPED, ONLY_PATCHED = (
     "regression", "explained", "fixed", "both fail", "passed", "skipped", "only patched")
@@ -82,7 +82,7 @@ def _file_of(test: str) -> str:
     return test.split("::", 1)[0]
 
 
-def classify(base: dict[str, Outcome], patched: dict[str, Outcome], updates: dict[str, tuple[str, ...]],
+def classify(base: dict[str, Case], patched: dict[str, Case], updates: dict[str, tuple[str, ...]],
              explained: dict[str, str]) -> list[Verdict]:
     """Every test of either side with its verdict; `updates`: test file -> the patches that update it."""
     base, patched = _expand_collection_errors(base, patched), _expand_collection_errors(patched, base)
@@ -112,7 +112,7 @@ def classify(base: dict[str, Outcome], patched: dict[str, Outcome], updates: dic
     return verdicts
 
 
-def _expand_collection_errors(side: dict[str, Outcome], other: dict[str, Outcome]) -> dict[str, Outcome]:
+def _expand_collection_errors(side: dict[str, Case], other: dict[str, Case]) -> dict[str, Case]:
     """A file this side could not collect (one error under the file's own id) stands, as that error, for each test the
     other side collected from it; the file's own id then goes."""
     expanded = dict(side)
