@@ -8,12 +8,11 @@ same code dirty. The build records the state it built from in the environment's 
 
 from __future__ import annotations
 
-import json
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .environment import BUILD_RECORD
+from .environment import read_build_record
 from .manifest import MANIFEST_RELATIVE_PATH
 
 
@@ -46,10 +45,7 @@ def state_record(state: CheckoutState) -> dict:
 
 def built_checkout(env_dir: Path) -> CheckoutState | None:
     """The checkout state the last build of `env_dir` recorded, or None when no build recorded one."""
-    path = env_dir / BUILD_RECORD
-    if not path.is_file():
-        return None
-    recorded = json.loads(path.read_text()).get("checkout")
+    recorded = (read_build_record(env_dir) or {}).get("checkout")
     return CheckoutState(**recorded) if recorded else None
 
 

@@ -165,6 +165,12 @@ def write_build_record(env_dir: Path, record: dict) -> None:
     (env_dir / BUILD_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
+def read_build_record(env_dir: Path) -> dict | None:
+    """What the last build of `env_dir` recorded (write_build_record), or None when none did."""
+    path = env_dir / BUILD_RECORD
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def probe(target: Target, requirements: list[str]) -> Probe:
     proc = subprocess.run([target.python, "-c", _PROBE, json.dumps(requirements)], capture_output=True, text=True)
     if proc.returncode != 0:

@@ -10,14 +10,13 @@ installs from the same cache without being told again.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .artifacts import default_cache_dir
 from .cachemanifest import WHEELS_DIR
-from .environment import BUILD_RECORD
+from .environment import read_build_record
 
 LOCK_OPTION = "--lock-timeout"  # apply_patches.py's: how long a build waits for the checkout's lock
 
@@ -43,11 +42,8 @@ def install_source(options: Sequence[str]) -> InstallSource:
 
 def recorded_build_options(env_dir: Path) -> list[str]:
     """The options an offline build of `env_dir` was made with ([] when it was built online or never)."""
-    path = env_dir / BUILD_RECORD
-    if not path.is_file():
-        return []
-    record = json.loads(path.read_text())
-    if not record.get("offline"):
+    record = read_build_record(env_dir)
+    if not record or not record.get("offline"):
         return []
     return ["--cache", record["cache"], "--offline", "--profile", record["profile"]]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nam56r_patchlane.artifacts import default_cache_dir, locate_and_save, sha256_file
 from nam56r_patchlane.cachemanifest import CORPUS_DIR
+from nam56r_patchlane.environment import read_build_record
 from nam56r_patchlane.lock import CorpusSource, load_lock
 
 from nam56r import CHECKOUT_ROOT
@@ -25,7 +26,6 @@ from nam56r.training.data.layout import DEFAULT_SOURCES_DIR
 
 MAX_FILE_BYTES = 1_000_000
 EXTRACTED_MARK = ".nam56r-extracted.json"
-BUILD_RECORD = "nam56r-build.json"  # what `nox -s build` leaves in the environment (nam56r_patchlane.environment)
 
 
 def corpus_sources(root: Path = CHECKOUT_ROOT) -> tuple[CorpusSource, ...]:
@@ -106,10 +106,9 @@ def pinned_source_root(sources_dir: Path, caches: list[Path] | None = None, offl
 def build_cache() -> tuple[list[Path], bool]:
     """Where this environment's build took its artifacts from, and whether it ran --offline: an air-gapped node's
     offline cache holds the corpus releases too. Without a build record, the patch tool's artifact cache, online."""
-    record = Path(sys.prefix) / BUILD_RECORD
-    if record.is_file():
-        built = json.loads(record.read_text())
-        return [Path(built["cache"]), default_cache_dir()], bool(built.get("offline"))
+    built = read_build_record(Path(sys.prefix))
+    if built:
+        return list(dict.fromkeys([Path(built["cache"]), default_cache_dir()])), bool(built.get("offline"))
     return [default_cache_dir()], False
 
 
