@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import PatchlaneError
-from .lock import Artifact, Upstream
+from .lock import Artifact, CorpusSource, Upstream
 
 PIP_INTERNALS = Path(__file__).with_name("pip_internals.py")
 
@@ -72,6 +72,18 @@ def locate_and_save(python: str | None, project: str, version: str, filename: st
             "the index serves different files for this release; check the lock and your index configuration",
         )
     return dest / found["found"]
+
+
+def download_corpus_release(source: CorpusSource, dest: Path) -> Path:
+    """A pinned corpus release saved into `dest` through pip's finder, and sha256-verified (removed when it differs)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / source.filename).unlink(missing_ok=True)
+    path = locate_and_save(None, source.name, source.version, source.filename, dest)
+    if sha256_file(path) != source.sha256:
+        path.unlink()
+        raise PatchlaneError(f"{source.filename}: the index serves another file than the lock's sha256 {source.sha256}",
+                             "the release was replaced on the index: pin it again in third_party/upstreams.toml")
+    return path
 
 
 def pip_download(python: str, requirement: str, wheel: bool, dest: Path, upstream: Upstream | None = None) -> None:

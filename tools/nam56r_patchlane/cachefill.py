@@ -20,7 +20,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .artifacts import fetch_artifact, locate_and_save, sha256_file
+from .artifacts import download_corpus_release, fetch_artifact, sha256_file
 from .cachemanifest import (
     CORPUS_DIR,
     MANIFEST_NAME,
@@ -154,13 +154,7 @@ def _fill_corpus(lock: Lock, cache_dir: Path, progress: StepProgress) -> list[Ca
     for source in lock.corpus:
         path = cache_dir / CORPUS_DIR / source.filename
         if not (path.is_file() and sha256_file(path) == source.sha256):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)
-            locate_and_save(None, source.name, source.version, source.filename, path.parent)
-            if sha256_file(path) != source.sha256:
-                path.unlink()
-                raise PatchlaneError(f"{source.filename}: the index serves another file than the lock's sha256 {source.sha256}",
-                                     "the release was replaced on the index: pin it again in third_party/upstreams.toml")
+            download_corpus_release(source, path.parent)
         progress.log(f"  {source.filename} ({path.stat().st_size / MIB:.1f} MiB, sha256 verified)")
         files.append(CacheFile(path=f"{CORPUS_DIR}/{source.filename}", sha256=source.sha256, size=path.stat().st_size,
                                kind=CORPUS_DIR, name=source.name, version=source.version))

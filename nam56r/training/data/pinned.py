@@ -15,9 +15,10 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from nam56r_patchlane.artifacts import default_cache_dir, locate_and_save, sha256_file
+from nam56r_patchlane.artifacts import default_cache_dir, download_corpus_release, sha256_file
 from nam56r_patchlane.cachemanifest import CORPUS_DIR
 from nam56r_patchlane.environment import read_build_record
+from nam56r_patchlane.errors import PatchlaneError
 from nam56r_patchlane.lock import CorpusSource, load_lock
 
 from nam56r import CHECKOUT_ROOT
@@ -47,14 +48,11 @@ def fetch(source: CorpusSource, caches: list[Path], offline: bool) -> Path:
     if offline:
         raise ValueError(f"{source.filename} is in none of {', '.join(map(str, caches))}: fill an offline cache where an "
                          "index is reachable (`nox -s patches -- cache fill DIR`) and pass it with --cache DIR")
-    dest = caches[0] / CORPUS_DIR
-    dest.mkdir(parents=True, exist_ok=True)
     print(f"  downloading {source.name}=={source.version} ({source.filename}) through pip", file=sys.stderr)
-    path = locate_and_save(None, source.name, source.version, source.filename, dest)
-    if sha256_file(path) != source.sha256:
-        path.unlink()
-        raise ValueError(f"the index serves another {source.filename} than the lock's sha256 {source.sha256}")
-    return path
+    try:
+        return download_corpus_release(source, caches[0] / CORPUS_DIR)
+    except PatchlaneError as exc:
+        raise ValueError(str(exc)) from exc
 
 
 def extract(source: CorpusSource, archive: Path, sources_dir: Path) -> Path:
