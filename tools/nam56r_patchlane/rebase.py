@@ -57,28 +57,29 @@ def _scratch_base(root: Path, upstream: Upstream, ref: str, dest: Path, python: 
 def classify(tree: UpstreamTree, patch_path: Path) -> PatchReport:
     patch = read_patch(patch_path)
     name = patch_path.name
-    forward = tree.git("apply", "--check", "--verbose", "-", stdin=patch.code_diff(), check=False)
+    diff = patch.code_diff()  # a release artifact has no upstream tests for the test sections to apply to
+    forward = tree.git("apply", "--check", "--verbose", "-", stdin=diff, check=False)
     if forward.returncode == 0:
         offsets = re.findall(r"offset (-?\d+) lines?", forward.stdout + forward.stderr)
-        _apply_and_commit(tree, patch, ())
+        _apply_and_commit(tree, patch, diff, ())
         return PatchReport(name, OFFSET if offsets else CLEAN, f"offsets {', '.join(offsets)}" if offsets else "")
-    reverse = tree.git("apply", "--check", "--reverse", "-", stdin=patch.code_diff(), check=False)
+    reverse = tree.git("apply", "--check", "--reverse", "-", stdin=diff, check=False)
     if reverse.returncode == 0:
         return PatchReport(name, ABSORBED, "already in this version (the patch reverse-applies)")
     for context in (2, 1):
-        fuzzed = tree.git("apply", "--check", f"-C{context}", "-", stdin=patch.code_diff(), check=False)
+        fuzzed = tree.git("apply", "--check", f"-C{context}", "-", stdin=diff, check=False)
         if fuzzed.returncode == 0:
-            _apply_and_commit(tree, patch, (f"-C{context}",))
+            _apply_and_commit(tree, patch, diff, (f"-C{context}",))
             return PatchReport(name, FUZZ, f"fuzz {3 - context}: context lines moved; refresh and review")
     missing = set(_MISSING.findall(forward.stderr))
     files = sorted(set(_FILE_ERR.findall(forward.stderr)) | missing) or patch.touched_files()
     return PatchReport(name, CONFLICT, "files: " + ", ".join(f"{f} (missing in this version)" if f in missing else f for f in files))
 
 
-def _apply_and_commit(tree: UpstreamTree, patch, extra: tuple[str, ...]) -> None:
-    if patch.code_diff():
-        tree.git("apply", "--index", *extra, "-", stdin=patch.code_diff())
-    tree.commit(patch.commit_message(), allow_empty=not patch.code_diff())
+def _apply_and_commit(tree: UpstreamTree, patch, diff: str, extra: tuple[str, ...]) -> None:
+    if diff:
+        tree.git("apply", "--index", *extra, "-", stdin=diff)
+    tree.commit(patch.commit_message(), allow_empty=not diff)
 
 
 def run_rebase(root: Path, upstream: Upstream, ref: str, report_path: Path | None, python: str, log=print) -> int:
