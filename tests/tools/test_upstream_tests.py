@@ -34,6 +34,15 @@ def test_scale_keeps_full_precision():
 
 def test_needs_transformer_engine():
     import transformer_engine  # noqa: F401
+
+
+def test_rendezvous_on_master_port():
+    # as upstream's distributed tests do; the two sides run at once
+    import os, socket, time
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+        server.listen()
+        time.sleep(1.5)
 '''
 UPDATED_ASSERT = ("tests/test_core.py", "    assert scale(0.1, 3) == 0.1 * 3\n", "    assert scale(0.1, 3) == round(0.1 * 3, 6)\n")
 REGRESSED = "tests/test_core.py::test_scale_keeps_full_precision"
@@ -92,7 +101,8 @@ def test_a_planted_regression_is_found_bisected_recorded_and_refused_until_the_p
     assert verdicts["tests/test_core.py::test_double"]["kind"] == "passed"
     te = verdicts["tests/test_core.py::test_needs_transformer_engine"]
     assert te["kind"] == "both fail" and te["cause"] == "needs TransformerEngine"
-    assert report["counts"] == {"regression": 1, "passed": 1, "both fail": 1}
+    assert verdicts["tests/test_core.py::test_rendezvous_on_master_port"]["kind"] == "passed"  # a port per side
+    assert report["counts"] == {"regression": 1, "passed": 2, "both fail": 1}
     assert "REGRESSION: " + REGRESSED in result.out
     records = {r["what"]: r for r in read_records(lane.root)}
     first = records["upstream-tests:patches/fakeup/0001-core-scale.patch"]
@@ -118,7 +128,7 @@ def test_a_planted_regression_is_found_bisected_recorded_and_refused_until_the_p
 
     assert result.code == 0, result.text
     report = json.loads((tmp_path / "out2" / "fakeup" / "report.json").read_text())
-    assert report["counts"] == {"passed": 2, "both fail": 1}
+    assert report["counts"] == {"passed": 3, "both fail": 1}
     assert report["patches"][0]["updates_tests"] == ["tests/test_core.py"]
     assert upstream_tests_problems([patch_path], lane.root, "fakeup", today, 30) == ([], "")
 
