@@ -161,3 +161,22 @@ def test_check_refuses_a_declared_test_the_pinned_tests_lack(lane: Lane, tmp_pat
 
     assert refused.code == 1 and "Upstream-Tests 'tests/test_kore.py' is not in fakeup's tests at v1" in refused.out
     assert unchecked.code == 0 and "Upstream-Tests paths not checked against the tests" in unchecked.out
+
+
+def test_both_fail_causes_name_the_runs_device_and_keep_each_tests_message() -> None:
+    from nam56r_patchlane.junit import Case
+    from nam56r_patchlane.upstream_tests_verdict import classify
+
+    nccl = "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1234, unhandled system error\ntraceback..."
+    ranks = "RuntimeError: world_size (1) is not divisible by 8\ntraceback..."
+    sides = {"t.py::nccl": Case("t.py::nccl", "failed", 0.1, nccl), "t.py::ranks": Case("t.py::ranks", "error", 0.1, ranks)}
+
+    on_cpu = {v.test: v for v in classify(sides, sides, {}, {})}
+    on_gpu = {v.test: v for v in classify(sides, sides, {}, {}, gpu=True)}
+
+    assert on_cpu["t.py::nccl"].cause == "needs a CUDA GPU"
+    assert on_gpu["t.py::nccl"].cause == "a CUDA or NCCL error on the GPU"
+    assert on_gpu["t.py::nccl"].message == nccl.splitlines()[0]
+    assert on_cpu["t.py::ranks"].cause == on_gpu["t.py::ranks"].cause
+    assert on_gpu["t.py::ranks"].cause.startswith("needs more ranks than one pytest process")
+    assert on_gpu["t.py::ranks"].kind == "both fail"

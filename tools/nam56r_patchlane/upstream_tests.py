@@ -99,7 +99,8 @@ def _run_one(upstream: Upstream, options: UpstreamTestsOptions, log) -> bool:
         base, patched = _run_sides(upstream, sides, paths, out, options)
         updates = {path: tuple(p.name for p in sides.patches if path in p.updated_tests)
                    for p in sides.patches for path in p.updated_tests}
-        verdicts = classify(base, patched, updates, read_explanations(options.root / "patches" / upstream.name))
+        verdicts = classify(base, patched, updates, read_explanations(options.root / "patches" / upstream.name),
+                            gpu=options.gpu)
         if options.bisect:
             verdicts = _bisect(upstream, sides, verdicts, out, options, log)
         report = _report(upstream, sides, paths, verdicts, options)

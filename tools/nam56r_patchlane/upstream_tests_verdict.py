@@ -25,14 +25,19 @@ REGRESSION, EXPLAINED, FIXED, BOTH_FAIL, PASSED, SKIPPED, ONLY_PATCHED = (
     "regression", "explained", "fixed", "both fail", "passed", "skipped", "only patched")
 EXPLANATIONS_NAME = "upstream-tests.toml"
 _FAILING = ("failed", "error")
+_CUDA = re.compile(r"CUDA|cuda|NCCL|nccl|\bGPU")
+# The first match names the class; {0} is the pattern's first group. The CUDA class depends on the run's device:
+# with CUDA hidden a CUDA error means the test needs a GPU, on a GPU it is an error of its own.
 _CAUSES = (
     (re.compile(r"transformer_engine"), "needs TransformerEngine"),
     (re.compile(r"\bapex\b"), "needs Apex"),
     (re.compile(r"No module named '([^']+)'"), "needs the module {0}"),
-    (re.compile(r"CUDA|cuda|NCCL|nccl|\bGPU"), "needs a CUDA GPU"),
+    (re.compile(r"world_size \(\d+\) is not divisible"), "needs more ranks than one pytest process (upstream runs it under torchrun)"),
+    (_CUDA, None),
     (re.compile(r"MASTER_ADDR|init_process_group|process group|Default process group"), "needs torch.distributed set up"),
     (re.compile(r"MagicMock"), "a MagicMock in the test's parametrization"),
 )
+_CUDA_CLASS = {False: "needs a CUDA GPU", True: "a CUDA or NCCL error on the GPU"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class Verdict:
     base: str  # the release's outcome ("absent" when the test is not there)
     patched: str
     cause: str = ""  # both fail: the cause class; regression: the patched side's first message line
+    message: str = ""  # a failing side's first message line (both fail, fixed: the one the cause was read from)
     patch: str = ""  # regression: the first patch at which it fails (bisected), when known
     updated_by: tuple[str, ...] = ()  # patches whose test sections update the test's file
     why: str = ""  # explained: the reason written down
@@ -51,12 +57,13 @@ class Verdict:
         return self.kind == REGRESSION
 
 
-def cause_class(message: str) -> str:
-    """What a failure needs, from its message: a class shared by many tests, else the message's first line."""
+def cause_class(message: str, gpu: bool = False) -> str:
+    """What a failure needs, from its message: a class shared by many tests, else the message's first line; `gpu`:
+    the run had a CUDA GPU."""
     for pattern, label in _CAUSES:
         found = pattern.search(message)
         if found:
-            return label.format(*found.groups())
+            return _CUDA_CLASS[gpu] if label is None else label.format(*found.groups())
     first = next((line.strip() for line in message.splitlines() if line.strip()), "no message")
     return f"other: {first[:120]}"
 
@@ -83,22 +90,24 @@ def _file_of(test: str) -> str:
 
 
 def classify(base: dict[str, Case], patched: dict[str, Case], updates: dict[str, tuple[str, ...]],
-             explained: dict[str, str]) -> list[Verdict]:
-    """Every test of either side with its verdict; `updates`: test file -> the patches that update it."""
+             explained: dict[str, str], gpu: bool = False) -> list[Verdict]:
+    """Every test of either side with its verdict; `updates`: test file -> the patches that update it; `gpu`: the
+    sides ran on a CUDA GPU."""
     base, patched = _expand_collection_errors(base, patched), _expand_collection_errors(patched, base)
     verdicts = []
     for test in sorted(set(base) | set(patched)):
         b, p = base.get(test), patched.get(test)
         updated_by = updates.get(_file_of(test), ())
         b_out, p_out = b.outcome if b else "absent", p.outcome if p else "absent"
+        message = ""
         if b is None:
             kind, cause = (ONLY_PATCHED, "") if p_out not in _FAILING else (REGRESSION, _first_line(p.message))
         elif b_out == "passed" and p_out != "passed":
             kind, cause = REGRESSION, _first_line(p.message) if p else "removed by the series"
         elif b_out in _FAILING and p_out in _FAILING:
-            kind, cause = BOTH_FAIL, cause_class(p.message)
+            kind, cause, message = BOTH_FAIL, cause_class(p.message, gpu), _first_line(p.message)
         elif b_out in _FAILING and p_out == "passed":
-            kind, cause = FIXED, cause_class(b.message)
+            kind, cause, message = FIXED, cause_class(b.message, gpu), _first_line(b.message)
         elif p_out in _FAILING:  # skipped on the release: it never ran there
             kind, cause = REGRESSION, _first_line(p.message)
         elif "skipped" in (b_out, p_out):
@@ -108,7 +117,7 @@ def classify(base: dict[str, Case], patched: dict[str, Case], updates: dict[str,
         why = explained.get(test, "")
         if kind == REGRESSION and why:
             kind = EXPLAINED
-        verdicts.append(Verdict(test, kind, b_out, p_out, cause, updated_by=updated_by, why=why))
+        verdicts.append(Verdict(test, kind, b_out, p_out, cause, message=message, updated_by=updated_by, why=why))
     return verdicts
 
 
