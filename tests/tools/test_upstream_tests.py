@@ -36,8 +36,12 @@ def test_needs_transformer_engine():
     import transformer_engine  # noqa: F401
 
 
-def test_rendezvous_on_master_port():
-    # as upstream's distributed tests do; the two sides run at once
+import pytest
+
+
+@pytest.mark.parametrize("holder", [1, 2])
+def test_rendezvous_on_master_port(holder):
+    # as upstream's distributed tests do; the two sides, and a side's xdist workers, run at once
     import os, socket, time
     with socket.socket() as server:
         server.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))
@@ -101,8 +105,8 @@ def test_a_planted_regression_is_found_bisected_recorded_and_refused_until_the_p
     assert verdicts["tests/test_core.py::test_double"]["kind"] == "passed"
     te = verdicts["tests/test_core.py::test_needs_transformer_engine"]
     assert te["kind"] == "both fail" and te["cause"] == "needs TransformerEngine"
-    assert verdicts["tests/test_core.py::test_rendezvous_on_master_port"]["kind"] == "passed"  # a port per side
-    assert report["counts"] == {"regression": 1, "passed": 2, "both fail": 1}
+    assert {verdicts[f"tests/test_core.py::test_rendezvous_on_master_port[{n}]"]["kind"] for n in (1, 2)} == {"passed"}
+    assert report["counts"] == {"regression": 1, "passed": 3, "both fail": 1}
     assert "REGRESSION: " + REGRESSED in result.out
     records = {r["what"]: r for r in read_records(lane.root)}
     first = records["upstream-tests:patches/fakeup/0001-core-scale.patch"]
@@ -128,9 +132,23 @@ def test_a_planted_regression_is_found_bisected_recorded_and_refused_until_the_p
 
     assert result.code == 0, result.text
     report = json.loads((tmp_path / "out2" / "fakeup" / "report.json").read_text())
-    assert report["counts"] == {"passed": 3, "both fail": 1}
+    assert report["counts"] == {"passed": 4, "both fail": 1}
     assert report["patches"][0]["updates_tests"] == ["tests/test_core.py"]
     assert upstream_tests_problems([patch_path], lane.root, "fakeup", today, 30) == ([], "")
+
+
+def test_jobs_run_each_side_in_xdist_workers_each_with_its_own_rendezvous_port(lane: Lane, tmp_path: Path) -> None:
+    tests_cache = tmp_path / "tests-cache"
+    _store_tests(lane, tests_cache, str(lane.fake.path))
+
+    result = _upstream_tests(lane, tests_cache, tmp_path / "out", "--jobs", "2", "--no-bisect", "--no-record")
+
+    report = json.loads((tmp_path / "out" / "fakeup" / "report.json").read_text())
+    verdicts = {t["test"]: t["kind"] for t in report["tests"]}
+    assert {verdicts[f"tests/test_core.py::test_rendezvous_on_master_port[{n}]"] for n in (1, 2)} == {"passed"}, result.text
+    assert report["counts"] == {"regression": 1, "passed": 3, "both fail": 1}
+    log = (tmp_path / "out" / "fakeup" / "patched.log").read_text()
+    assert " -n 2 " in log.splitlines()[0] and "[gw" in log  # a failure report names its xdist worker
 
 
 def test_tests_are_refused_when_the_source_does_not_hold_the_pinned_tree(lane: Lane, tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ class UpstreamTestsOptions:
     keep: bool = False
     command: str = ""
     base_includes: tuple[str, ...] = ()  # series patches applied to the base side too (named in the report and records)
+    jobs: int = 1  # pytest-xdist workers per side (1: no xdist)
 
 
 def record_what(root: Path, patch_path: Path) -> str:
@@ -68,6 +69,8 @@ def run_upstream_tests(lock: Lock, names: list[str] | None, options: UpstreamTes
         raise PatchlaneError("no upstream has both a patch series and pinned upstream tests", "name one with -u")
     if options.gpu:
         _require_gpu(options.python)
+    if options.jobs > 1:
+        _require_xdist(options.python)
     results = [_run_one(u, options, log) for u in upstreams]
     return 0 if all(results) else 1
 
@@ -77,6 +80,12 @@ def _require_gpu(python: str) -> None:
                            capture_output=True)
     if probe.returncode != 0:
         raise PatchlaneError("--gpu: no CUDA GPU visible to " + python, "run it on a GPU node, or leave out --gpu for the CPU verdicts")
+
+
+def _require_xdist(python: str) -> None:
+    if subprocess.run([python, "-c", "import xdist"], capture_output=True).returncode != 0:
+        raise PatchlaneError(f"--jobs: pytest-xdist is not importable by {python}",
+                             "it is among the lock's test requirements: `nox -s build` installs them (or pass --jobs 1)")
 
 
 def _source_tree(root: Path, upstream: Upstream) -> UpstreamTree:
@@ -142,7 +151,7 @@ def _env_for(options: UpstreamTestsOptions) -> dict[str, str]:
 def _run_sides(upstream: Upstream, sides: Sides, paths: list[str], out: Path, options: UpstreamTestsOptions):
     out.mkdir(parents=True, exist_ok=True)
     running = {side: run_pytest(upstream, tree, paths, out / f"{side}.xml", out / f"{side}.log", options.python,
-                                options.timeout_s, extra_env=_env_for(options))
+                                options.timeout_s, extra_env=_env_for(options), jobs=options.jobs)
                for side, tree in (("base", sides.base), ("patched", sides.patched))}
     return tuple(finish(running[side], out / f"{side}.xml", out / f"{side}.log", side) for side in ("base", "patched"))
 
@@ -161,7 +170,7 @@ def _bisect(upstream: Upstream, sides: Sides, verdicts: list[Verdict], out: Path
             walker.git("checkout", "--quiet", "--force", applied.commit)
             junit, log_path = out / "bisect" / f"{applied.name}.xml", out / "bisect" / f"{applied.name}.log"
             outcomes = finish(run_pytest(upstream, walker, [], junit, log_path, options.python, options.timeout_s,
-                                         test_ids=pending, extra_env=_env_for(options)), junit, log_path,
+                                         test_ids=pending, extra_env=_env_for(options), jobs=options.jobs), junit, log_path,
                               f"bisect at {applied.name}")
             for test in [t for t in pending if outcomes.get(t) and outcomes[t].outcome in ("failed", "error")]:
                 first[test] = applied.name

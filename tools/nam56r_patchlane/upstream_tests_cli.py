@@ -31,10 +31,17 @@ def cmd_upstream_tests(args, lock: Lock) -> int:
         root=args.root, cache_dir=args.cache, python=default_python(args),
         out_dir=args.out or args.root / "build" / "upstream-tests", selection=selection, paths=tuple(args.tests or ()),
         gpu=args.gpu, timeout_s=args.timeout_s, bisect=not args.no_bisect, record=not args.no_record, keep=args.keep,
-        base_includes=tuple(args.base_includes or ()),
+        base_includes=tuple(args.base_includes or ()), jobs=args.jobs,
         command=shlex.join(["python", "tools/apply_patches.py", *sys.argv[1:]]),
     )
     return run_upstream_tests(lock, args.upstream or None, options)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def add_upstream_tests_parser(add: AddCommand) -> None:
@@ -49,6 +56,9 @@ def add_upstream_tests_parser(add: AddCommand) -> None:
     p.add_argument("--gpu", action="store_true",
                    help="run on this host's CUDA GPU (refused without one); default: CUDA hidden, the CPU verdicts")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="limit for each side's pytest (default: 3600)")
+    p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                   help="pytest-xdist workers per side (each with a rendezvous port of its own); suites that compile"
+                        " kernels per test, such as mamba's TileLang tests, need several to finish in minutes (default: 1)")
     p.add_argument("--out", type=Path, help="report directory (default: build/upstream-tests)")
     p.add_argument("--no-bisect", action="store_true", help="do not walk the series to find each regression's first patch")
     p.add_argument("--no-record", action="store_true", help="do not append the per-patch records to patches/manifest.toml")

@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
 GUARD_EXIT = 17  # not one of pytest's own exit codes (0-5)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # An xdist worker rendezvouses on a port of its own: the workers of a side run at once, and upstream's distributed
+    # tests each form a one-rank group on MASTER_PORT.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -89,16 +89,17 @@ def missing_paths(tree: UpstreamTree, paths: list[str]) -> list[str]:
 
 def run_pytest(upstream: Upstream, tree: UpstreamTree, paths: list[str], junit: Path, log_path: Path,
                python: str, timeout_s: float, test_ids: list[str] | None = None,
-               extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+               extra_env: dict[str, str] | None = None, jobs: int = 1) -> subprocess.Popen:
     """Start pytest over `paths` (or exactly `test_ids`) in `tree`, importing the upstream from it; returns the process.
     The process gets a free `MASTER_PORT` of its own: the two sides run at once, and upstream's distributed tests
-    rendezvous on `MASTER_PORT` (Megatron's default 29500), so a shared port fails one side with EADDRINUSE."""
+    rendezvous on `MASTER_PORT` (Megatron's default 29500), so a shared port fails one side with EADDRINUSE. With
+    `jobs` > 1, pytest-xdist runs that many workers, and the guard plugin gives each worker a port of its own."""
     env = {**os.environ, "MASTER_PORT": str(free_port()), **(extra_env or {}),
            "PYTHONPATH": os.pathsep.join([str(tree.path), str(TOOLS_DIR)]),
            "NAM56R_UPSTREAM_TESTS_TREE": str(tree.path), "NAM56R_UPSTREAM_TESTS_IMPORTS": ",".join(upstream.imports)}
     env.pop("PYTHONSAFEPATH", None)
     command = [python, "-m", "pytest", "-p", "no:cacheprovider", "-p", GUARD_PLUGIN, "-q", "-rN", "--color=no",
-               "--continue-on-collection-errors",
+               "--continue-on-collection-errors", *(["-n", str(jobs)] if jobs > 1 else []),
                f"--junitxml={junit}", "-o", "junit_family=xunit1", *(test_ids or paths)]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:

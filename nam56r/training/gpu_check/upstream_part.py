@@ -10,6 +10,7 @@ from nam56r.training.gpu_check.options import ROOT, Options
 from nam56r.training.runs.logged_run import run_logged
 
 UPSTREAM_TESTS_TIMEOUT_S = 900  # each side's pytest; the check as a whole aims at ten minutes
+UPSTREAM_TESTS_JOBS = 8  # xdist workers per side: mamba's TileLang tests compile kernels per test
 
 
 def upstream_part(opts: Options) -> dict:
@@ -20,7 +21,7 @@ def upstream_part(opts: Options) -> dict:
     log = out / "upstream-tests.log"
     command = [opts.python, str(ROOT / "tools" / "apply_patches.py"), "--root", str(opts.root), "--cache",
                str(opts.upstream_tests_cache), "--python", opts.python, "upstream-tests", "--gpu", "--out", str(out),
-               "--timeout-s", str(UPSTREAM_TESTS_TIMEOUT_S), *([] if opts.record else ["--no-record"])]
+               "--timeout-s", str(UPSTREAM_TESTS_TIMEOUT_S), "--jobs", str(UPSTREAM_TESTS_JOBS), *([] if opts.record else ["--no-record"])]
     run = run_logged(command, log, "upstream", opts.root, echo=opts.echo)
     reports = {path.parent.name: json.loads(path.read_text()) for path in sorted(out.glob("*/report.json"))}
     summary = {name: {"counts": r["counts"], "both_fail_causes": r["both_fail_causes"],
