@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from nam56r_bench.harness import Context, Row, require_gpu
+from nam56r_bench.harness import BenchError, Context, Row, require_gpu
 from nam56r_bench.training_suites import train
 
 COMPILE_TAX_MODELS = ("tiny", "proxy")
@@ -35,6 +35,11 @@ def compile_tax(ctx: Context) -> list[Row]:
                     shutil.copytree(filled, carried)
                 result = train(model, Path(tmp) / variant.replace(" ", "-"), mbs=COMPILE_TAX_MBS, steps=2,
                                options=("--kernel-cache", str(cache), "--dense-warmup-steps", "1"))
+                if result["exit"] != 0 or result["first_step_s"] is None:
+                    # a run that never reached its first step measured nothing
+                    said = result["cause"] or "\n".join(result["tail"][-15:])
+                    raise BenchError(f"{model} mbs {COMPILE_TAX_MBS}, {variant}: the training run exited {result['exit']} "
+                                     f"before its first step: {said}")
                 manifest = read_manifest(cache)
                 seconds = result["first_step_s"]
                 rows.append(Row(f"{model} mbs {COMPILE_TAX_MBS} time to first step", variant,

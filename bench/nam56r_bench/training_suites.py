@@ -70,8 +70,9 @@ FIRST_STEP = re.compile(r"iteration\s+1/")
 MILESTONE = re.compile(r"\[(?P<what>after [^\]]+)\] datetime: ")
 # An exception a rank printed ("[default0]: torch.OutOfMemoryError: CUDA out of memory. ...", or a bare
 # "[default0]:[rank0]: AssertionError" from an assert without a message). A failed run's first one is its cause;
-# torchrun's closing ChildFailedError and summary name only the exit codes, and fill the log's tail.
-EXCEPTION_LINE = re.compile(r"^(?:\[[\w ]+\]:?\s*)*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?:: |\s*$)")
+# torchrun's closing ChildFailedError and summary name only the exit codes, and fill the log's tail. The launcher's
+# own refusals ("error: ...", exit 2) come before any rank has run.
+EXCEPTION_LINE = re.compile(r"^(?:\[[\w ]+\]:?\s*)*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?:: |\s*$)|^error: ")
 # A line a rank printed through torchrun's --tee ("[default0]:..."): what the ranks said last, apart from torchrun's own
 RANK_LINE = re.compile(r"^\[default\d+\]:")
 
@@ -154,6 +155,8 @@ def train(recipe: str, run_dir: Path, *, mbs: int | None, steps: int, options: t
             first_step_s = time.perf_counter() - start
             print(f"[train] first step after {first_step_s:.1f} s", flush=True)
     code = proc.wait()
+    if cause and cause.startswith("error: ") and cause in tail:  # the launcher lists a refusal's reasons below it
+        cause = "\n".join([cause, *itertools.takewhile(lambda line: line.startswith("  "), tail[tail.index(cause) + 1:])])
     summary_file = RunDir(run_dir).summary
     summary = json.loads(summary_file.read_text()) if code == 0 and summary_file.exists() else None
     return {"exit": code, "wall_s": time.perf_counter() - start, "first_step_s": first_step_s, "milestones_s": milestones,

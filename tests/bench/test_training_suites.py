@@ -393,6 +393,19 @@ def test_a_failed_run_names_the_exception_a_rank_raised_not_torchruns_summary(tm
     assert failure_reason({"tail": ["a", "b"]}) == "a\nb"
 
 
+def test_a_launcher_refusal_before_any_rank_runs_is_the_cause(tmp_path: Path) -> None:
+    """The real launcher on a host without a GPU refuses at its preflight with `error: ...` (exit 2): that line is the
+    cause, as a rank's exception would be."""
+    from nam56r_bench import training_suites
+
+    result = training_suites.train("tiny", tmp_path / "run", mbs=1, steps=2)
+
+    assert result["exit"] == 2 and result["first_step_s"] is None
+    assert result["cause"] == "error: preflight failed; fix the checks above (the command is printed for reference)"
+    refused = training_suites.train("tiny", tmp_path / "run1", mbs=1, steps=1)  # the recipe's own check: warm-up 1
+    assert refused["cause"] == "error: recipe 'tiny-1gpu':\n  - warmup_steps 1 must be below steps 1 (set it with --warmup)"
+
+
 def test_a_bare_assertion_a_rank_raised_is_the_cause_and_the_ranks_last_lines_come_next(tmp_path: Path, monkeypatch) -> None:
     """Real torchrun, two ranks failing an `assert` with no message (Megatron's buffers hold such asserts): the rank's
     'AssertionError' line, with nothing after the name, is the cause. Without any exception line, the ranks' own last

@@ -7,6 +7,7 @@ from __future__ import annotations
 import calendar
 import dataclasses
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -53,6 +54,18 @@ def test_ignoring_a_mismatch_gives_no_variables_and_says_so(tmp_path: Path) -> N
 def test_another_gpu_of_the_same_architecture_uses_the_cache(tmp_path: Path) -> None:
     kc.open_cache(tmp_path, KEY)
     assert kc.open_cache(tmp_path, dataclasses.replace(KEY, gpu="NVIDIA H100 80GB HBM3")).state == "warm"
+
+
+def test_a_new_directory_the_ranks_imports_already_touched_is_still_new(tmp_path: Path) -> None:
+    # The launcher starts the ranks before it opens the cache; importing the compilers creates their directories.
+    cache = tmp_path / "cache"
+    subprocess.run([sys.executable, "-c", "import torch, triton, tilelang"], check=True, capture_output=True,
+                   env={**os.environ, **kc.cache_env(cache)})
+    assert cache.is_dir() and any(cache.iterdir())
+
+    use = kc.open_cache(cache, KEY)
+
+    assert use.state == "created" and kc.read_manifest(cache).key == KEY
 
 
 def test_a_directory_holding_something_else_is_refused(tmp_path: Path) -> None:

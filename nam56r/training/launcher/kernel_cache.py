@@ -234,7 +234,9 @@ def open_cache(directory: Path, key: CacheKey, on_mismatch: OnMismatch = "refuse
         raise KernelCacheError(f"kernel cache {directory} is not a directory")
     manifest = read_manifest(directory) if directory.is_dir() else None
     if manifest is None:
-        if directory.is_dir() and any(directory.iterdir()):
+        # Ranks start beside the launch-time check and their imports create empty compiler directories in it
+        # (TileLang's tmp/, Inductor's root), so only a file makes a directory someone else's.
+        if directory.is_dir() and any(p.is_file() or p.is_symlink() for p in directory.rglob("*")):
             raise KernelCacheError(f"{directory} is neither empty nor a kernel cache (no {MANIFEST}): name an empty or new "
                                    f"directory to fill, or one that `nox -s prewarm` filled")
         directory.mkdir(parents=True, exist_ok=True)
