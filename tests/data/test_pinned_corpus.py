@@ -75,3 +75,21 @@ def test_a_release_whose_sha256_differs_or_that_is_missing_offline_is_refused(ch
         pinned_source_root(tmp_path / "sources", [cache], offline=True, root=root)
     with pytest.raises(ValueError, match="is in none of .*cache fill"):
         pinned_source_root(tmp_path / "sources", [tmp_path / "empty"], offline=True, root=root)
+
+
+def test_builds_starting_at_once_extract_each_release_whole_and_leave_no_staging(checkout, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root, cache = checkout
+    sources = tmp_path / "sources"
+    program = ("import sys; from pathlib import Path; from nam56r.training.data.pinned import pinned_source_root; "
+               "pinned_source_root(Path(sys.argv[1]), [Path(sys.argv[2])], offline=True, root=Path(sys.argv[3]))")
+    builds = [subprocess.Popen([sys.executable, "-c", program, str(sources), str(cache), str(root)],
+                               stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    errors = [b.communicate()[1] for b in builds]
+
+    assert [b.returncode for b in builds] == [0, 0, 0, 0], errors
+    assert sorted(p.name for p in sources.iterdir()) == ["alpha-1.0", "beta-1.0"]  # no staging folder left
+    assert json.loads((sources / "beta-1.0" / ".nam56r-extracted.json").read_text())["files"] == 12
+    assert len([p for p in (sources / "beta-1.0").rglob("*") if p.is_file()]) == 13

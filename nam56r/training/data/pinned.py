@@ -12,6 +12,7 @@ import json
 import shutil
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -56,27 +57,43 @@ def fetch(source: CorpusSource, caches: list[Path], offline: bool) -> Path:
 
 
 def extract(source: CorpusSource, archive: Path, sources_dir: Path) -> Path:
-    """The release's C/C++ files under sources_dir/<name>-<version>/ (done once per sha256)."""
+    """The release's C/C++ files under sources_dir/<name>-<version>/ (done once per sha256). Builds that start at once
+    (e.g. two trainings of other vocabularies on one node) each extract into a folder of their own and rename it into
+    place: the folder exists only whole, and the first rename wins."""
     dest = sources_dir / f"{source.name}-{source.version}"
-    mark = dest / EXTRACTED_MARK
-    if mark.is_file() and json.loads(mark.read_text()).get("sha256") == source.sha256:
+    if _extracted(dest, source):
         return dest
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    kept = skipped = 0
-    for name, size, read in _members(archive):
-        inner = name.split("/", 1)[1] if "/" in name else name  # below the release's top folder
-        if not inner.endswith(SOURCE_SUFFIXES) or ".." in inner.split("/"):
-            continue
-        if size > MAX_FILE_BYTES:
-            skipped += 1
-            continue
-        target = dest / inner
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(read())
-        kept += 1
-    mark.write_text(json.dumps({"sha256": source.sha256, "files": kept, "skipped_over_max_bytes": skipped}))
+    sources_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=sources_dir))
+    try:
+        kept = skipped = 0
+        for name, size, read in _members(archive):
+            inner = name.split("/", 1)[1] if "/" in name else name  # below the release's top folder
+            if not inner.endswith(SOURCE_SUFFIXES) or ".." in inner.split("/"):
+                continue
+            if size > MAX_FILE_BYTES:
+                skipped += 1
+                continue
+            target = staging / inner
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(read())
+            kept += 1
+        (staging / EXTRACTED_MARK).write_text(json.dumps({"sha256": source.sha256, "files": kept, "skipped_over_max_bytes": skipped}))
+        if dest.exists() and not _extracted(dest, source):
+            shutil.rmtree(dest, ignore_errors=True)  # an interrupted extraction of an older layout, or another sha256
+        try:
+            staging.rename(dest)
+        except OSError:
+            if not _extracted(dest, source):  # not another build's finished copy: a real failure
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return dest
+
+
+def _extracted(dest: Path, source: CorpusSource) -> bool:
+    mark = dest / EXTRACTED_MARK
+    return mark.is_file() and json.loads(mark.read_text()).get("sha256") == source.sha256
 
 
 def _members(archive: Path):
