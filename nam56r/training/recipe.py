@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from nam56r.model.config import ExpertActivation, ModelConfig, ResidualNorm
 from nam56r.model.presets import PRESETS, get_preset
+from nam56r.model.reference import ReferenceConfig, reference_for
 from nam56r.training import recipe_checks as checks
 from nam56r.training.recipe_settings import (
     Batch,
@@ -45,6 +46,11 @@ class Recipe:
     name: str
     model: str = setting(cli="--model", choices=tuple(sorted(PRESETS)), cli_default="the recipe's (--list)",
                          help="model preset (e.g. nam56r on a recipe whose default is the proxy)")
+    reference: bool = setting(
+        False, cli="--reference", flag=True,
+        help="train the preset's reference model instead of NAM56R: a dense GPT of about NAM56R's active parameters on "
+             "Megatron's own GPTModel and local layers (nam56r.model.reference), on the same data, batch, steps and "
+             "optimizer. Its kernel paths are upstream's (recorded in recipe.json), expert parallel 1, no DSA phases")
     description: str = ""
     parallel: Parallel = field(default_factory=Parallel)
     batch: Batch = field(default_factory=Batch)
@@ -90,6 +96,21 @@ class Recipe:
             raise RecipeError(self.name, [refused(backend)])
         return chosen
 
+    def as_reference(self) -> Recipe:
+        """This recipe training its model preset's reference GPT: upstream's paths, expert parallel 1, no DSA phases, so
+        that recipe.json records what runs; refuses what the reference cannot honour (`checks.reference_problems`)."""
+        if problems := checks.reference_problems(self):
+            raise RecipeError(self.name, problems)
+        upstream = KernelPaths(backend="local", index_cache=False, dsa_indexer="megatron", linear_ce="logits", moe_dispatch="megatron",
+                               expert_activation="eager", router_gating="megatron", moe_routing="megatron", residual_norm="torch")
+        return replace(self, reference=True, kernels=upstream, parallel=replace(self.parallel, ep=1), phases=Phases())
+
+    def trained_model(self, backend: str | None = None) -> ModelConfig | ReferenceConfig:
+        """What the ranks build: the preset's reference with `--reference` (at this recipe's sequence length), else
+        `model_config(backend)`."""
+        model = self.model_config(backend)
+        return reference_for(model) if self.reference else model
+
     def on_backend(self, backend: str) -> Recipe:
         """This recipe with the paths that depend on the resolved layer backend named (what recipe.json records)."""
         kernels = replace(self.kernels, expert_activation=self.expert_activation_on(backend),
@@ -120,6 +141,8 @@ class Recipe:
         while its ranks start)."""
         if problems := checks.shape_problems(self):
             raise RecipeError(self.name, problems)
+        if self.reference and self.as_reference() != self:
+            raise RecipeError(self.name, ["reference=True on NAM56R's kernel paths: make it with Recipe.as_reference (get_recipe does)"])
         problems = checks.parallel_problems(self)
         model = self.model_config()
         if kernels:
@@ -136,6 +159,8 @@ class Recipe:
         own predicates, so this imports them)."""
         from nam56r.model.fused_constraints import fused_kernel_problems
 
+        if self.reference:
+            return []  # Megatron's own modules only
         model = self.model_config()
         problems = [f"model {model.name}: {p}" for p in fused_kernel_problems(model)]
         if self.phases.dsa.dense_warmup_steps > 0:
@@ -201,10 +226,12 @@ RECIPES: dict[str, Callable[[], Recipe]] = {
 
 def get_recipe(name: str, *, kernels: bool = True, **overrides: object) -> Recipe:
     """The recipe called `name` with `overrides` (setting key -> value, e.g. micro_batch=8; None values are ignored),
-    checked (`Recipe.check`; `kernels=False` leaves out `Recipe.kernel_problems`)."""
+    as its reference run where they say `reference=True` (`Recipe.as_reference`), checked (`Recipe.check`;
+    `kernels=False` leaves out `Recipe.kernel_problems`)."""
     if name not in RECIPES:
         raise KeyError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}")
-    return with_overrides(RECIPES[name](), overrides).check(kernels=kernels)
+    recipe = with_overrides(RECIPES[name](), overrides)
+    return (recipe.as_reference() if recipe.reference else recipe).check(kernels=kernels)
 
 
 def settings_of(recipe_json: Mapping[str, Any], keys: tuple[str, ...] | None = None) -> dict[str, Any]:

@@ -163,3 +163,24 @@ def recompute_problems(recipe: Recipe, model: ModelConfig) -> list[str]:
             "recompute mamba with CUDA graphs: our checkpointed mixer is not checked under graph capture (Megatron's own "
             "checkpoint skips itself while capturing); leave one of them off")
     return problems
+
+
+def reference_problems(recipe: Recipe) -> list[str]:
+    """What a run of the reference GPT (`--reference`) cannot honour: settings of NAM56R's own layers and of
+    TransformerEngine, which Megatron's local GPT layers do not have."""
+    from nam56r.model.reference import REFERENCE_SHAPES
+
+    problems = []
+    if recipe.model not in REFERENCE_SHAPES:
+        problems.append(f"--reference: model {recipe.model} has no reference model; these have one: {', '.join(REFERENCE_SHAPES)}")
+    if recipe.kernels.precision != "bf16" or recipe.kernels.backend == "te":
+        problems.append(f"--reference trains on Megatron's local layers in bf16; this recipe asks for {recipe.kernels.precision} on "
+                        f"backend {recipe.kernels.backend!r} (use a bf16 recipe, with --backend auto or local)")
+    if recipe.recompute.families:
+        problems.append(f"--reference has none of NAM56R's block families to recompute; drop --recompute {recipe.recompute}")
+    if recipe.phases.indexer_recall.interval:
+        problems.append("--reference has no DSA indexer to probe; pass --indexer-recall-interval 0")
+    if recipe.runtime.cuda_graphs or recipe.runtime.moe_shared_expert_overlap:
+        problems.append("--reference runs without CUDA graphs and has no MoE shared expert; leave --cuda-graphs and "
+                        "--moe-shared-expert-overlap off")
+    return problems

@@ -46,7 +46,7 @@ def _command_line(stdout: str) -> list[str]:
 def test_dry_run_prints_checks_preflight_and_the_exact_command(tiny_data, tmp_path):
     code, out, err = _run(["--recipe", "tiny-1gpu", "--dry-run", "--data", str(tiny_data), "--run-dir", str(tmp_path / "run")])
     assert code == 0, err
-    assert "megatron flags: validated by Megatron's parser as 1 rank(s); its model config matches NAM56R's" in out
+    assert "megatron flags: validated by Megatron's parser as 1 rank(s); its model config matches nam56r-tiny's" in out
     assert "preflight:" in out and "patches megatron-lm" in out
     cmd = _command_line(out)
     assert cmd[:2] == ["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "TRITON_CACHE_AUTOTUNING=1"]

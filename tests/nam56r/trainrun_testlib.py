@@ -21,14 +21,15 @@ def lm_loss(step: int) -> float:
 
 
 def write_train_run(run_dir: Path, steps: range, recipe_steps: int = 20, loss: Callable[[int], float] = lm_loss,
-                    first_step_after_s: float = 42.0, recipe_name: str = "tiny-1gpu") -> Recipe:
-    """Events for `steps` of the recipe (run for `recipe_steps`), the first loss logged
-    `first_step_after_s` after the TensorBoard writer was made (as Megatron makes it at initialization)."""
+                    first_step_after_s: float = 42.0, recipe_name: str = "tiny-1gpu", reference: bool = False) -> Recipe:
+    """Events for `steps` of the recipe (run for `recipe_steps`; with `reference`, its reference GPT's run), the first
+    loss logged `first_step_after_s` after the TensorBoard writer was made (as Megatron makes it at initialization)."""
     from torch.utils.tensorboard import SummaryWriter
 
     # The recipe as defined, not get_recipe's checked one: its fused-kernel check imports Megatron (seconds), beside the point here.
     recipe = with_overrides(RECIPES[recipe_name](), {"steps": recipe_steps})
-    model = recipe.model_config()
+    recipe = recipe.as_reference() if reference else recipe
+    model = recipe.trained_model()
     run = RunPaths(run_dir=run_dir, save=run_dir / "checkpoints", load=None)
     _write_run_files(run, model, recipe, COMMAND.format(steps=recipe_steps))
     writer = SummaryWriter(log_dir=str(run.layout.tensorboard))

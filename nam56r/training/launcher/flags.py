@@ -24,7 +24,8 @@ from pathlib import Path
 
 from nam56r.model.config import ModelConfig
 from nam56r.model.linear_cross_entropy import CHUNKED_LINEAR_CE
-from nam56r.model.megatron_fields import architecture_flags
+from nam56r.model.megatron_fields import architecture_flags, architecture_mismatches
+from nam56r.model.reference import ReferenceConfig
 from nam56r.training.data.layout import DataPaths
 from nam56r.training.recipe import Recipe
 from nam56r.training.runs.layout import RunDir
@@ -55,12 +56,30 @@ class RunPaths:
         return RunDir(self.run_dir)
 
 
-def megatron_flags(recipe: Recipe, model: ModelConfig, data: DataPaths, run: RunPaths, backend: str) -> list[str]:
-    """Megatron training flags for `recipe` training `model` on `data`, with layer backend `backend` ('te'|'local'):
-    the model's architecture (`nam56r.model.megatron_fields`), then the run's."""
+def megatron_flags(recipe: Recipe, model: ModelConfig | ReferenceConfig, data: DataPaths, run: RunPaths, backend: str) -> list[str]:
+    """Megatron training flags for `recipe` training `model` (NAM56R's, or with `--reference` the reference GPT's,
+    `Recipe.trained_model`) on `data`, with layer backend `backend` ('te'|'local'): the model's architecture
+    (`nam56r.model.megatron_fields` or `nam56r.model.reference_model`), then the run's."""
     if backend not in ("te", "local"):
         raise ValueError(f"backend must be resolved to 'te' or 'local' before lowering, got {backend!r}")
-    return architecture_flags(model) + _run_flags(recipe, data, run, backend) + _optional_run_flags(recipe, data, run, backend)
+    if recipe.reference != isinstance(model, ReferenceConfig):
+        raise ValueError(f"recipe {recipe.name} (reference {recipe.reference}) cannot train {model.name}: use Recipe.trained_model")
+    if isinstance(model, ReferenceConfig):
+        from nam56r.model.reference_model import reference_architecture_flags
+
+        architecture = reference_architecture_flags(model)
+    else:
+        architecture = architecture_flags(model)
+    return architecture + _run_flags(recipe, data, run, backend) + _optional_run_flags(recipe, data, run, backend)
+
+
+def trained_model_mismatches(model: ModelConfig | ReferenceConfig, args: argparse.Namespace, megatron_cfg) -> list[str]:
+    """Where Megatron's parsed flags and the config it derived describe another model than `model` (empty: none)."""
+    if isinstance(model, ReferenceConfig):
+        from nam56r.model.reference_model import reference_mismatches
+
+        return reference_mismatches(model, args, megatron_cfg)
+    return architecture_mismatches(model, args, megatron_cfg)
 
 
 def _run_flags(recipe: Recipe, data: DataPaths, run: RunPaths, backend: str) -> list[str]:
@@ -220,12 +239,13 @@ def megatron_validate(argv: Sequence[str], world_size: int) -> argparse.Namespac
 
 
 def transformer_config_from_args(args: argparse.Namespace):
-    """Megatron's MLATransformerConfig derived from parsed flags, as `pretrain` derives it."""
+    """Megatron's config derived from parsed flags, as `pretrain` derives it: an MLATransformerConfig for NAM56R, a
+    TransformerConfig for the reference GPT (no --multi-latent-attention)."""
     import contextlib
     import io
 
-    from megatron.core.transformer.transformer_config import MLATransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
     from megatron.training.arguments import core_transformer_config_from_args
 
     with contextlib.redirect_stdout(io.StringIO()):
-        return core_transformer_config_from_args(args, MLATransformerConfig)
+        return core_transformer_config_from_args(args, MLATransformerConfig if args.multi_latent_attention else TransformerConfig)

@@ -27,6 +27,7 @@ from nam56r_patchlane.statefile import state_path
 
 from nam56r import CHECKOUT_ROOT
 from nam56r.model.config import ModelConfig
+from nam56r.model.reference import ReferenceConfig
 from nam56r.training.launcher.gpu_arch import arch_check
 
 ROOT = CHECKOUT_ROOT
@@ -123,9 +124,11 @@ def _fused_shapes_check(config: ModelConfig) -> tuple[str, bool, str]:
     return "fused kernel shapes", True, f"{config.name}'s shapes are supported by the fused DSA and Mamba-3 MIMO kernels it selects"
 
 
-def run_preflight(config: ModelConfig, *, root: Path = ROOT, require_gpu: bool = True) -> PreflightReport:
+def run_preflight(config: ModelConfig | ReferenceConfig, *, root: Path = ROOT, require_gpu: bool = True) -> PreflightReport:
+    """The checks `config` needs. The reference GPT runs Megatron's own modules: the patched tree and a CUDA GPU of any
+    kind, none of the fused kernels."""
     report = PreflightReport()
-    for upstream in ("megatron-lm", "mamba", "liger-kernel"):
+    for upstream in ("megatron-lm",) if isinstance(config, ReferenceConfig) else ("megatron-lm", "mamba", "liger-kernel"):
         series = _series(root, upstream)
         if not series:
             continue
@@ -134,6 +137,8 @@ def run_preflight(config: ModelConfig, *, root: Path = ROOT, require_gpu: bool =
             problems.append(where)
         applied = f"{len(series)} patches applied, checksums match"
         report.add(f"patches {upstream}", not problems, "; ".join(problems) or applied)
+    if isinstance(config, ReferenceConfig):
+        return _reference_gpu_check(report) if require_gpu else report
 
     fused = {
         "mamba-3 MIMO kernels (TileLang)": _importable("mamba_ssm.ops.tilelang.mamba3.mamba3_mimo") if config.mamba.mimo else None,
@@ -155,6 +160,14 @@ def run_preflight(config: ModelConfig, *, root: Path = ROOT, require_gpu: bool =
             report.add("gpu", False, "no CUDA GPU visible (torch.cuda.is_available() is False); NAM56R trains on Hopper GPUs")
         else:
             report.add("gpu", *arch_check(config, torch.cuda.get_device_capability(), torch.cuda.get_device_name()))
+    return report
+
+
+def _reference_gpu_check(report: PreflightReport) -> PreflightReport:
+    import torch
+
+    found = torch.cuda.is_available()
+    report.add("gpu", found, torch.cuda.get_device_name() if found else "no CUDA GPU visible (torch.cuda.is_available() is False)")
     return report
 
 

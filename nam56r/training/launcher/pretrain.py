@@ -9,6 +9,10 @@ the architecture must agree with it on every fact of `nam56r.model.megatron_fiel
 DSA layers in the phase of Megatron's current step (`nam56r.training.phases`, `--nam56r-dense-warmup-steps`),
 and at probe steps arms the indexer recall probe on its first micro-batch (`nam56r.training.recall_probe`,
 `--nam56r-indexer-recall-interval`).
+
+A `--reference` run's model config file holds the reference GPT's config (`nam56r.model.reference`): its ranks build
+Megatron's GPTModel with `reference_model_provider`, checked against `nam56r.model.reference_model`'s table, and
+its forward steps have no DSA phases and no recall probe; data, loss and everything else are the same.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 from nam56r.model.config import ModelConfig
 from nam56r.model.megatron_fields import architecture_mismatches
+from nam56r.model.reference import ReferenceConfig, model_from_dict
 from nam56r.training.launcher.flags import add_nam56r_args, transformer_config_from_args
 from nam56r.training.launcher.launch_gate import wait_for_launch
 from nam56r.training.launcher.startup_marks import mark, process_started
@@ -41,19 +46,30 @@ from nam56r.training.runs.faults import (
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
 
-def load_model_config(path: str | Path) -> ModelConfig:
+def load_model_config(path: str | Path) -> ModelConfig | ReferenceConfig:
+    """The model the launcher wrote for the ranks: NAM56R's config, or with `--reference` the reference GPT's."""
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise SystemExit(
             f"model config {path} not found: start training with `python -m nam56r.training.launcher`, which writes it"
         ) from None
-    return ModelConfig.from_dict(data)
+    return model_from_dict(data)
+
+
+def _check_tokenizer_fits(vocab_size: int) -> None:
+    from megatron.training import get_tokenizer
+
+    if (tokens := get_tokenizer().vocab_size) > vocab_size:
+        raise SystemExit(
+            f"tokenizer has {tokens} tokens, the model's vocabulary {vocab_size}: "
+            "train a tokenizer no larger than the model's vocab (`python -m nam56r.training.data build --vocab-size N`)"
+        )
 
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None, config=None, pg_collection=None):
     """Megatron's model-provider contract: the bare model on the current GPU (Megatron wraps it)."""
-    from megatron.training import get_args, get_tokenizer, print_rank_0
+    from megatron.training import get_args, print_rank_0
 
     from nam56r.model.model import build_model
     from nam56r.training.launcher.preflight import run_preflight
@@ -66,12 +82,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     mismatches = architecture_mismatches(model_config, args, megatron_cfg)
     if mismatches:
         raise SystemExit("Megatron's flags and the model config disagree:\n  " + "\n  ".join(mismatches))
-    tokenizer = get_tokenizer()
-    if tokenizer.vocab_size > model_config.vocab_size:
-        raise SystemExit(
-            f"tokenizer has {tokenizer.vocab_size} tokens, the model's vocabulary {model_config.vocab_size}: "
-            "train a tokenizer no larger than the model's vocab (`python -m nam56r.training.data build --vocab-size N`)"
-        )
+    _check_tokenizer_fits(model_config.vocab_size)
     run_preflight(model_config).raise_if_failed()  # on every rank: each node's trees and GPU, whoever launched it
     built = build_model(
         model_config,
@@ -84,6 +95,33 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     )
     print_rank_0(f"NAM56R {model_config.name}: {built.layout.megatron_pattern} on the {built.backend} backend")
     return built.model
+
+
+def reference_model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None, config=None,
+                             pg_collection=None):
+    """The `--reference` run's provider (Megatron's contract, as `model_provider`): Megatron's GPTModel on its local
+    layer spec (`nam56r.model.reference_model`), built from the reference config the launcher wrote."""
+    from megatron.training import get_args, print_rank_0
+
+    from nam56r.model.reference_model import build_reference_model, reference_mismatches
+    from nam56r.training.launcher.preflight import run_preflight
+
+    if vp_stage is not None:
+        raise SystemExit("virtual pipeline stages are not supported by NAM56R's launcher")
+    args = get_args()
+    reference = load_model_config(args.nam56r_model_config)
+    if not isinstance(reference, ReferenceConfig):
+        raise SystemExit(f"{args.nam56r_model_config} holds NAM56R's config, not a reference's: the launcher writes it with --reference")
+    megatron_cfg = transformer_config_from_args(args)
+    if mismatches := reference_mismatches(reference, args, megatron_cfg):
+        raise SystemExit("Megatron's flags and the reference config disagree:\n  " + "\n  ".join(mismatches))
+    _check_tokenizer_fits(reference.vocab_size)
+    run_preflight(reference).raise_if_failed()
+    model = build_reference_model(reference, device="cuda", megatron_cfg=megatron_cfg, pg_collection=pg_collection,
+                                  pre_process=pre_process, post_process=post_process)
+    print_rank_0(f"reference GPT {reference.name}: {reference.num_layers} layers, hidden {reference.hidden_size}, "
+                 f"FFN {reference.ffn_hidden_size} (Megatron's GPTModel, local layer spec)")
+    return model
 
 
 def batch_to(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
@@ -225,13 +263,17 @@ def main() -> None:
         print_rank_0(f"launch gate: opened by the launcher after this rank's imports (waited {waited_s:.1f} s)")
     if args.tokenizer_type == "NullTokenizer":
         raise SystemExit("the null tokenizer is refused: pass a real tokenizer (`--tokenizer DIR` to nam56r.training.launcher)")
-    switch = phase_switch_from_args(args, log=print_rank_0)
-    print_rank_0(f"DSA phases: {switch.phases.describe()}")
+    if isinstance(load_model_config(args.nam56r_model_config), ReferenceConfig):
+        step, provider = forward_step, reference_model_provider  # no DSA layers to phase, no indexer to probe
+    else:
+        switch = phase_switch_from_args(args, log=print_rank_0)
+        print_rank_0(f"DSA phases: {switch.phases.describe()}")
+        step = partial(forward_step, phase_switch=switch, recall_probe=recall_probe_from_args(args, log=print_rank_0))
+        provider = model_provider
     cfg = pretrain_cfg_container_from_args(args, None)
-    step = partial(forward_step, phase_switch=switch, recall_probe=recall_probe_from_args(args, log=print_rank_0))
     try:
         with explain_save_failures(args.save):
-            pretrain(cfg, datasets_provider, ModelType.encoder_or_decoder, step, model_provider=model_provider)
+            pretrain(cfg, datasets_provider, ModelType.encoder_or_decoder, step, model_provider=provider)
     except RunStopped as exc:
         traceback.print_exc()  # the cause, for the record; the line below is what to read
         print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -2,6 +2,7 @@
 
     python -m nam56r.training.launcher --recipe proxy-1gpu --dry-run     # print everything, start nothing (any machine)
     python -m nam56r.training.launcher --recipe proxy-1gpu               # one GPU, default data
+    python -m nam56r.training.launcher --recipe proxy-1gpu --reference   # its dense reference GPT (nam56r.model.reference)
     python -m nam56r.training.launcher --recipe h200x8-bf16 --steps 2000 --save /ckpt/run1
     python -m nam56r.training.launcher --recipe h200x8-bf16 --load /ckpt/run1 --save /ckpt/run1   # resume
     python -m nam56r.training.launcher --recipe h200x8-bf16 --nodes 4 --slurm-script job.sbatch    # several nodes
@@ -38,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nam56r import CHECKOUT_ROOT, VERBOSE_ENV, show_known_warnings
-from nam56r.model.megatron_fields import architecture_mismatches
 from nam56r.training.data.layout import DataPaths
 from nam56r.training.launcher.flags import (
     RunPaths,
@@ -46,6 +46,7 @@ from nam56r.training.launcher.flags import (
     megatron_validate,
     recompute_mismatches,
     refused_flags,
+    trained_model_mismatches,
     transformer_config_from_args,
 )
 from nam56r.training.launcher.kernel_cache import KernelCacheChoice, KernelCacheError, fill_label, record_fill
@@ -182,12 +183,12 @@ def validate_with_megatron(argv: list[str], recipe: Recipe, model) -> tuple[str,
             megatron_cfg = transformer_config_from_args(margs)
         except (AssertionError, ValueError, SystemExit) as exc:
             raise TrainError(f"Megatron's argument checks rejected the lowered flags: {type(exc).__name__}: {exc}") from None
-        mismatches = architecture_mismatches(model, margs, megatron_cfg)
+        mismatches = trained_model_mismatches(model, margs, megatron_cfg)
     if mismatches:
         raise TrainError("the flags describe another model than the config:\n  " + "\n  ".join(mismatches))
     if clashes := recompute_mismatches(recipe, megatron_cfg):
         raise TrainError("the flags' activation recompute is not the recipe's:\n  " + "\n  ".join(clashes))
-    return (f"validated by Megatron's parser as {recipe.world_size} rank(s); its model config matches NAM56R's ({len(argv)} args)",
+    return (f"validated by Megatron's parser as {recipe.world_size} rank(s); its model config matches {model.name}'s ({len(argv)} args)",
             margs)
 
 
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise TrainError(f"refused for real runs: {', '.join(refused)}")
     backend, backend_problem = resolve_backend_for(recipe, args.dry_run)
     recipe = recipe.on_backend(backend)
-    model = recipe.model_config(backend)
+    model = recipe.trained_model(backend)  # NAM56R, or with --reference the preset's reference GPT
     data = choose_data(args, model.vocab_size)
     if not data.ready:
         checked = "not yet: checked at launch, once built"
@@ -240,7 +241,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
           f"dp={recipe.data_parallel}, seq={model.seq_length}, backend {backend}")
     for line in banner_lines(recipe):
         print(f"  {line}")
-    print(f"DSA phases: {recipe.phases.dsa.describe()}")
+    print(f"DSA phases: {recipe.phases.dsa.describe() if not recipe.reference else 'none (the reference GPT has no DSA layers)'}")
     print(f"data: {data.note}")
     print(f"data checked: {checked}")
     if kernel_cache.note:

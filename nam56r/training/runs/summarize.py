@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from nam56r.model.config import ModelConfig
+from nam56r.model.reference import ReferenceConfig, model_from_dict
 from nam56r.training.runs.events import LOSS_TAG, PEAK_MEMORY_TAG
 from nam56r.training.runs.layout import RunDir
 from nam56r.training.runs.plot import format_tflops
@@ -25,16 +26,16 @@ from nam56r.training.runs.record import ROOT, append_train_record
 from nam56r.training.runs.summary import DEFAULT_WINDOW, resolve_tensorboard_dir, summarize_run
 
 
-def _run_model_and_world(run_dir: Path, preset: str | None, world_size: int | None) -> tuple[ModelConfig, int]:
+def _run_model_and_world(run_dir: Path, preset: str | None, world_size: int | None) -> tuple[ModelConfig | ReferenceConfig, int]:
     """The model a run trained and its GPU count. A run started by nam56r.training.launcher records both
-    (model_config.json: the exact config, IndexCache and sequence length included; recipe.json);
+    (model_config.json: the exact config, IndexCache and sequence length included, or a reference GPT's; recipe.json);
     a preset stands in only where the run has no model_config.json."""
     from nam56r.model.presets import get_preset
 
     layout = RunDir(run_dir)
     model_file, recipe_file = layout.model_config, layout.recipe
     if model_file.is_file():
-        config = ModelConfig.from_dict(json.loads(model_file.read_text()))
+        config = model_from_dict(json.loads(model_file.read_text()))
         if preset is not None and preset != config.name:
             raise ValueError(f"--preset {preset} disagrees with {model_file}, which trained {config.name}")
     elif preset is not None:

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from nam56r.model.config import ModelConfig
 from nam56r.model.flops import FORMULA, flops_per_token
+from nam56r.model.reference import FORMULA as REFERENCE_FORMULA
+from nam56r.model.reference import ReferenceConfig
 from nam56r.training.runs.events import (
     BATCH_SIZE_TAG,
     ITERATION_TIME_TAG,
@@ -178,7 +180,7 @@ def headline(summary: dict) -> Headline:
 
 def summarize_run(
     tensorboard_dir: Path | str,
-    config: ModelConfig,
+    config: ModelConfig | ReferenceConfig,
     seq_length: int,
     world_size: int,
     out_dir: Path | str,
@@ -187,12 +189,13 @@ def summarize_run(
 ) -> RunSummary:
     """Read the run's events, write metrics.jsonl, summary.json and loss_throughput.png to
     `out_dir`, and return the summary. tokens/s/GPU = batch-size x seq_length / iteration-time /
-    world_size; TFLOP/s/GPU = nam56r.model.flops step FLOPs / iteration-time / world_size / 1e12."""
+    world_size; TFLOP/s/GPU = nam56r.model.flops step FLOPs (the reference GPT's own formula for a `--reference` run,
+    `ReferenceConfig.flops_per_token`) / iteration-time / world_size / 1e12."""
     directory = Path(tensorboard_dir)
     if world_size < 1:
         raise ValueError(f"world_size must be positive, got {world_size}")
     scalars = read_run_scalars(directory, world_size)
-    per_token = flops_per_token(config, seq_length).total
+    per_token, formula = _flops_per_token(config, seq_length)
     rows = step_rows(directory, scalars, seq_length, world_size, per_token)
     timed = [row for row in rows if "tokens_per_s_per_gpu" in row]
     chosen = choose_window([int(row["step"]) for row in timed], first_step=int(rows[0]["step"]), window=window)
@@ -204,7 +207,7 @@ def summarize_run(
         preset=config.name,
         seq_length=seq_length,
         world_size=world_size,
-        formula=FORMULA,
+        formula=formula,
         flops_per_token=per_token,
         window=chosen,
         **window_medians([row for row in timed if chosen.first_step <= int(row["step"]) <= chosen.last_step], scalars),
@@ -218,6 +221,13 @@ def summarize_run(
     )
     write_run_files(out, rows, scalars, summary)
     return summary
+
+
+def _flops_per_token(config: ModelConfig | ReferenceConfig, seq_length: int) -> tuple[float, str]:
+    """Training FLOPs per token of the model the run trained, and the formula's name."""
+    if isinstance(config, ReferenceConfig):
+        return config.flops_per_token(seq_length), REFERENCE_FORMULA
+    return flops_per_token(config, seq_length).total, FORMULA
 
 
 def read_run_scalars(directory: Path, world_size: int) -> dict[str, dict[int, float]]:
