@@ -21,9 +21,11 @@ def lm_loss(step: int) -> float:
 
 
 def write_train_run(run_dir: Path, steps: range, recipe_steps: int = 20, loss: Callable[[int], float] = lm_loss,
-                    first_step_after_s: float = 42.0, recipe_name: str = "tiny-1gpu", reference: bool = False) -> Recipe:
+                    first_step_after_s: float = 42.0, recipe_name: str = "tiny-1gpu", reference: bool = False,
+                    valid_loss: Callable[[int], float] | None = None, valid_every: int = 10) -> Recipe:
     """Events for `steps` of the recipe (run for `recipe_steps`; with `reference`, its reference GPT's run), the first
-    loss logged `first_step_after_s` after the TensorBoard writer was made (as Megatron makes it at initialization)."""
+    loss logged `first_step_after_s` after the TensorBoard writer was made (as Megatron makes it at initialization);
+    with `valid_loss`, an evaluation every `valid_every` steps."""
     from torch.utils.tensorboard import SummaryWriter
 
     # The recipe as defined, not get_recipe's checked one: its fused-kernel check imports Megatron (seconds), beside the point here.
@@ -39,6 +41,8 @@ def write_train_run(run_dir: Path, steps: range, recipe_steps: int = 20, loss: C
         for tag, value in (("batch-size", recipe.batch.global_batch), ("lm loss", loss(step)), ("world-size", recipe.world_size),
                            ("mem-max-allocated-bytes", 2**30 * (3 + step % 2))):
             writer.add_scalar(tag, value, step, walltime=wall)
+        if valid_loss is not None and step % valid_every == 0:
+            writer.add_scalar("lm loss validation", valid_loss(step), step, walltime=wall)
         if index > 0:  # Megatron logs no iteration time at a run's first iteration
             writer.add_scalar("iteration-time", 0.5, step, walltime=wall)
     writer.close()

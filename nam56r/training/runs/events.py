@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 LOSS_TAG = "lm loss"
+VALID_LOSS_TAG = "lm loss validation"
 RECALL_TAG = "indexer recall"  # nam56r.training.recall_probe's loss report: NaN at the steps it did not measure
 ITERATION_TIME_TAG = "iteration-time"
 BATCH_SIZE_TAG = "batch-size"
@@ -91,12 +92,14 @@ def loss_curve(tensorboard_dir: Path | str, tag: str = LOSS_TAG) -> list[tuple[i
 
 
 def run_series(scalars: Mapping[str, Mapping[int, float]]) -> dict[str, list[tuple[int, float | None]]]:
-    """summary.json's per-step curves, [step, value] by step: 'lm_loss' at every step it was logged (a
-    non-finite loss as None: strict JSON has no NaN), 'indexer_recall' at the steps the recall probe measured
-    (Megatron logs 0/0 = NaN at the others)."""
+    """summary.json's per-step curves, [step, value] by step: 'lm_loss' at every step it was logged and
+    'lm_loss_validation' at every evaluation (a non-finite loss as None: strict JSON has no NaN), 'indexer_recall' at
+    the steps the recall probe measured (Megatron logs 0/0 = NaN at the others)."""
     loss, recall = scalars.get(LOSS_TAG, {}), scalars.get(RECALL_TAG, {})
     return {
         "lm_loss": [(step, value if math.isfinite(value) else None) for step, value in sorted(loss.items())],
+        "lm_loss_validation": [(step, value if math.isfinite(value) else None)
+                               for step, value in sorted(scalars.get(VALID_LOSS_TAG, {}).items())],
         "indexer_recall": [(step, value) for step, value in sorted(recall.items()) if math.isfinite(value)],
     }
 
