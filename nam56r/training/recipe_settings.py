@@ -48,7 +48,8 @@ class Optimizer:
     adam_beta1: float = setting(0.9, help="Adam beta1")
     adam_beta2: float = setting(0.95, help="Adam beta2")
     clip_grad: float = setting(1.0, help="gradient-norm clip")
-    seed: int = setting(1234, help="random seed")
+    seed: int = setting(1234, cli="--seed", help="random seed (initialization and data order; another seed makes another run "
+                                                 "of one arm)")
 
 
 # The kernel paths' defaults are the paths docs/bench/kernels.json shows winning at NAM56R's shapes, each measured in
@@ -185,7 +186,7 @@ class Runtime:
 @dataclass(frozen=True)
 class Logging:
     log_interval: int = setting(1, help="steps between log lines")
-    eval_interval: int = setting(100, help="steps between validations")
+    eval_interval: int = setting(100, cli="--eval-interval", help="steps between validations")
     eval_iters: int = setting(10, help="validation batches per validation")
     save_interval: int = setting(100, cli="--save-interval", help="steps between checkpoints")
     num_workers: int = setting(2, help="data-loader workers per rank")
