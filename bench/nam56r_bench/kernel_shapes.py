@@ -71,10 +71,14 @@ class KernelSweep:
     moe_tokens: int  # `moe experts (N tokens)`, `moe layer ... (N tokens)`: tokens routed, each to expert_topk experts
     mamba_batch: int  # `mamba3 adt region mb{b}`
     dsa_layer_batch: int  # `dsa layer(s) fwd+bwd seq{seq} mb{b}`
+    # `mamba-mimo ... mb{b}`: the MIMO backward launch sweep; the 2xH200 recipe trains at 4, 8 is the next size up
+    mimo_bwd_batches: tuple[int, ...]
 
 
-FULL_SWEEP = KernelSweep(dsa_score_batches=(1, 8), dsa_topk_batch=8, ce_batch=8, moe_tokens=32768, mamba_batch=8, dsa_layer_batch=1)
-QUICK_SWEEP = KernelSweep(dsa_score_batches=(1,), dsa_topk_batch=1, ce_batch=2, moe_tokens=8192, mamba_batch=8, dsa_layer_batch=1)
+FULL_SWEEP = KernelSweep(dsa_score_batches=(1, 8), dsa_topk_batch=8, ce_batch=8, moe_tokens=32768, mamba_batch=8, dsa_layer_batch=1,
+                         mimo_bwd_batches=(4, 8))
+QUICK_SWEEP = KernelSweep(dsa_score_batches=(1,), dsa_topk_batch=1, ce_batch=2, moe_tokens=8192, mamba_batch=8, dsa_layer_batch=1,
+                          mimo_bwd_batches=(4,))
 
 
 def kernel_sweep(quick: bool) -> KernelSweep:

@@ -49,6 +49,9 @@ Cases (each size by the ModelConfig field it is read from):
   ``nam56r_kernels.residual_rms_norm`` (``ModelConfig.residual_norm="fused"``).
 - ``mamba3 adt``: the data-dependent-A region (mamba.num_heads(hidden_size) heads) at micro-batch 8, eager vs
   regional ``torch.compile``.
+- ``mamba-mimo <kernel> mb{4,8}`` (group ``mamba-mimo-bwd``): launch configurations of Mamba-3's MIMO backward TileLang
+  kernels against the one mamba_ssm launches (`nam56r_bench.mimo_bwd_sweep`: the candidates and why, compiled in
+  parallel first, each measured in a worker process that a hang or crash costs one candidate only).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from nam56r_bench.case_measure import measure, relative_error
 from nam56r_bench.harness import ROOT, Context, Row, require_gpu
 from nam56r_bench.kernel_shapes import KernelShapes, KernelSweep, kernel_shapes, kernel_sweep
 from nam56r_bench.layer_cases import dsa_layer_cases, moe_layer_cases
+from nam56r_bench.mimo_bwd_sweep import mimo_bwd_cases
 
 
 def _indexer_inputs(batch: int, shapes: KernelShapes):
@@ -331,6 +335,7 @@ CASE_GROUPS = {
     "moe-layer": moe_layer_cases,
     "norm": residual_norm_case,
     "mamba": mamba_region_case,
+    "mamba-mimo-bwd": mimo_bwd_cases,
 }
 CASES = tuple(CASE_GROUPS.values())
 
