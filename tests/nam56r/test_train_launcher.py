@@ -344,3 +344,43 @@ def test_missing_default_data_is_built_at_the_paths_already_in_the_flags(megatro
     after = choose_data(args, TINY_VOCAB)
     assert after.ready and after.paths == before.paths
     assert Path(f"{after.paths.train_prefix}.bin").is_file() and after.paths.tokenizer_dir.is_dir()
+
+
+def test_launches_starting_at_once_build_the_default_corpus_once(megatron_built, tmp_path, monkeypatch):
+    """Two launches without --data on one node (e.g. two seeds): the second waits for the first's build and uses it."""
+    import argparse
+    import threading
+    from dataclasses import replace
+
+    import nam56r.training.data.build as data_build
+    import nam56r.training.data.layout as data_dir
+    import nam56r.training.data.pinned as pinned
+    from nam56r.training.launcher.train import _ensure_data, choose_data
+
+    real_build, builds = data_build.build, []
+
+    def counted_build(out, vocab, corpus, command=None):
+        builds.append(out)
+        return real_build(out, vocab, replace(corpus, max_docs=40), command=command)
+
+    monkeypatch.setattr(data_dir, "default_data_dir", lambda vocab_size: tmp_path / f"pinned-v{vocab_size}")
+    monkeypatch.setattr(pinned, "default_corpus", lambda: data_build.CorpusConfig(sources=(data_build.torch_include_dir(),)))
+    monkeypatch.setattr(data_build, "build", counted_build)
+    choice = choose_data(argparse.Namespace(data=None), TINY_VOCAB)
+    errors: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                _ensure_data(choice, TINY_VOCAB)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    launches = [threading.Thread(target=launch) for _ in range(2)]
+    for thread in launches:
+        thread.start()
+    for thread in launches:
+        thread.join()
+
+    assert errors == [] and len(builds) == 1
+    assert choose_data(argparse.Namespace(data=None), TINY_VOCAB).ready

@@ -38,7 +38,7 @@ from nam56r.training.data import baselines
 from nam56r.training.data.baselines import DEFAULT_BIGRAM_WEIGHT
 from nam56r.training.data.build import SOURCE_SUFFIXES, CorpusConfig, build, format_summary, torch_include_dir
 from nam56r.training.data.format import check_prefix
-from nam56r.training.data.layout import DEFAULT_DATA_DIR, DataDir, default_data_dir
+from nam56r.training.data.layout import DEFAULT_DATA_DIR, DataDir, build_lock, default_data_dir
 from nam56r.training.data.manifest import dataset_files, eod_id_near
 
 
@@ -74,7 +74,8 @@ def _build_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
         corpus = replace(pinned, valid_fraction=args.valid_fraction, max_docs=args.max_docs)
     args.out = args.out or default_data_dir(args.vocab_size)
     try:
-        manifest = build(args.out, args.vocab_size, corpus, force=args.force, command=["python", "-m", "nam56r.training.data", *argv])
+        with build_lock(args.out):  # a launch building the same default directory finishes first
+            manifest = build(args.out, args.vocab_size, corpus, force=args.force, command=["python", "-m", "nam56r.training.data", *argv])
     except (FileExistsError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None
     print(format_summary(args.out.resolve(), manifest))

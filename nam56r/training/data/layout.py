@@ -4,6 +4,9 @@ the readers (the launcher, `data check`, the data checks, the resume check) alik
 
 from __future__ import annotations
 
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +22,20 @@ def default_data_dir(vocab_size: int, root: Path = CHECKOUT_ROOT) -> Path:
     """The default corpus for a vocabulary size: `<root>/data/pinned-v<N>`. Where
     `python -m nam56r.training.data build` writes and where `nam56r.training.launcher` reads when no --data is given."""
     return root / DEFAULT_DATA_DIR / f"pinned-v{vocab_size}"
+
+
+@contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """Held while a build writes `directory`: launches that start at once on one node build the default corpus once,
+    the others waiting for it (a lock file beside the directory, released when the process ends)."""
+    directory = directory.resolve()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)

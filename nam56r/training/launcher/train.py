@@ -371,16 +371,20 @@ def _ensure_data(data: DataChoice, vocab_size: int) -> None:
         return
     from nam56r.training.data import pinned
     from nam56r.training.data.build import build, format_summary
-    from nam56r.training.data.layout import default_data_dir
+    from nam56r.training.data.layout import DataDir, build_lock, default_data_dir
 
     directory = default_data_dir(vocab_size)
-    print(f"building the default C/C++ corpus for vocab {vocab_size} into {directory} (once)", flush=True)
-    command = ["python", "-m", "nam56r.training.data", "build", "--vocab-size", str(vocab_size), "--out", str(directory)]
-    try:
-        corpus = pinned.default_corpus()
-    except ValueError as exc:
-        raise TrainError(f"the default corpus cannot be built: {exc}") from exc
-    print(format_summary(directory, build(directory, vocab_size, corpus, command=command)))
+    with build_lock(directory):
+        if DataDir(directory).manifest.is_file():
+            print(f"the default C/C++ corpus for vocab {vocab_size} was built by another launch while this one waited")
+        else:
+            print(f"building the default C/C++ corpus for vocab {vocab_size} into {directory} (once)", flush=True)
+            command = ["python", "-m", "nam56r.training.data", "build", "--vocab-size", str(vocab_size), "--out", str(directory)]
+            try:
+                corpus = pinned.default_corpus()
+            except ValueError as exc:
+                raise TrainError(f"the default corpus cannot be built: {exc}") from exc
+            print(format_summary(directory, build(directory, vocab_size, corpus, command=command)))
     if (built := _built_data(directory, vocab_size)) != data.paths:
         raise TrainError(f"the default corpus was built as {built}, not at the paths in the flags ({data.paths})")
     print(f"data checked: {check_data_or_refuse(data, vocab_size)}")
