@@ -327,7 +327,7 @@ def test_missing_default_data_is_built_at_the_paths_already_in_the_flags(megatro
     import nam56r.training.data.build as data_build
     import nam56r.training.data.layout as data_dir
     import nam56r.training.data.pinned as pinned
-    from nam56r.training.launcher.train import _ensure_data, choose_data
+    from nam56r.training.launcher.data_choice import choose_data, ensure_data
 
     real_build = data_build.build
     monkeypatch.setattr(data_dir, "default_data_dir", lambda vocab_size: tmp_path / f"pinned-v{vocab_size}")
@@ -340,7 +340,7 @@ def test_missing_default_data_is_built_at_the_paths_already_in_the_flags(megatro
     before = choose_data(args, TINY_VOCAB)
     assert not before.ready and "not built yet" in before.note
     with contextlib.redirect_stdout(io.StringIO()):
-        _ensure_data(before, TINY_VOCAB)
+        ensure_data(before, TINY_VOCAB)
     after = choose_data(args, TINY_VOCAB)
     assert after.ready and after.paths == before.paths
     assert Path(f"{after.paths.train_prefix}.bin").is_file() and after.paths.tokenizer_dir.is_dir()
@@ -355,7 +355,7 @@ def test_launches_starting_at_once_build_the_default_corpus_once(megatron_built,
     import nam56r.training.data.build as data_build
     import nam56r.training.data.layout as data_dir
     import nam56r.training.data.pinned as pinned
-    from nam56r.training.launcher.train import _ensure_data, choose_data
+    from nam56r.training.launcher.data_choice import choose_data, ensure_data
 
     real_build, builds = data_build.build, []
 
@@ -372,7 +372,7 @@ def test_launches_starting_at_once_build_the_default_corpus_once(megatron_built,
     def launch() -> None:
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                _ensure_data(choice, TINY_VOCAB)
+                ensure_data(choice, TINY_VOCAB)
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
 
