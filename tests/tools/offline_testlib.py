@@ -36,11 +36,11 @@ def _record_hash(data: bytes) -> str:
 
 
 def make_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = (), tag: str = "py3-none-any",
-               payload: bytes = b"") -> Path:
-    """A minimal valid wheel: package `name` (VERSION, optional DATA blob), METADATA, WHEEL, RECORD."""
+               payload: bytes = b"", init: str = "") -> Path:
+    """A minimal valid wheel: package `name` (VERSION, then `init`; optional DATA blob), METADATA, WHEEL, RECORD."""
     module = name.replace("-", "_")
     dist_info = f"{module}-{version}.dist-info"
-    files = {f"{module}/__init__.py": f'VERSION = "{version}"\n'.encode()}
+    files = {f"{module}/__init__.py": f'VERSION = "{version}"\n{init}'.encode()}
     if payload:
         files[f"{module}/data.bin"] = payload
     metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]

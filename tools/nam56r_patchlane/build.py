@@ -1,7 +1,8 @@
 """`build`: materialize every pinned upstream, apply its series, install it into the target env.
 
 Prints one line per step with the elapsed time, then a per-upstream table. A second run with
-nothing changed does no work and says so.
+nothing changed does no work and says so. With `with_te`, TransformerEngine and Apex follow the
+upstreams (te_install.py) and have rows of their own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .lock import Lock, Upstream
 from .materialize import materialize_upstream
 from .series import Series, read_series, series_problems
 from .superproject import protect_gitlink
+from .te_install import TeOutcome, TeRequest, install_te
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class BuildOptions:
     only: list[str] | None
     install: bool = True
     base_python: str | None = None  # with env_dir: a new env is layered over this interpreter's packages
+    with_te: bool = False  # also TransformerEngine and Apex, from the lock's [te] and [apex] (te_install.py)
 
 
 @dataclass
@@ -66,13 +69,18 @@ class TargetEnvironment:
 def run_build(lock: Lock, options: BuildOptions) -> int:
     """The target environment, then each selected upstream, then the import check, the table and the build record."""
     upstreams = lock.select(options.only)
-    progress = StepProgress(total=len(upstreams) + 2)
+    te_request = _te_request(lock, options)
+    progress = StepProgress(total=len(upstreams) + 2 + (te_request is not None))
     progress.next("target environment")
     env = _prepare_environment(lock, options, progress)
     rows: list[BuildRow] = []
     for upstream in upstreams:
         progress.next(f"{upstream.name} ({upstream.requirement})")
         rows.append(_build_upstream(upstream, options, env, progress, rows))
+    if te_request is not None:
+        progress.next(f"TransformerEngine {te_request.te_lock.te.version} and Apex {te_request.te_lock.apex.short}")
+        outcome = install_te(te_request, env.target, progress)
+        rows += _te_rows(outcome)
     changed = env.changed or any(row.action != NO_OP for row in rows)
     progress.next("summary")
     if changed and options.install:
@@ -87,12 +95,34 @@ def run_build(lock: Lock, options: BuildOptions) -> int:
     if options.env_dir is not None and options.install:
         envmod.write_build_record(options.env_dir, {"cache": str(options.cache_dir.resolve()), "offline": options.offline,
                                                     "profile": env.profile, "base_python": envmod.layered_base(options.env_dir),
+                                                    "te": options.with_te,
                                                     "checkout": state_record(checkout_state(options.root))})
     if not changed:
         print(f"no-op: every upstream is materialized, patched and installed as the lock and series say ({progress.elapsed().strip()})")
     else:
         print(f"done in {progress.elapsed().strip()}; target python: {env.target.python}")
     return 0
+
+
+def _te_request(lock: Lock, options: BuildOptions) -> TeRequest | None:
+    """What `--with-te` installs, or None without it; refuses what it cannot do before anything is built."""
+    if not options.with_te:
+        return None
+    if lock.te is None:
+        raise PatchlaneError(f"--with-te: {lock.path} pins no TransformerEngine or Apex ([te] and [apex])", "see docs/te.md")
+    if options.env_dir is None or not options.install:
+        raise PatchlaneError("--with-te installs into the build environment: it needs --env (the default), not --python"
+                             " or --no-install")
+    profile, why = envmod.detect_profile(options.profile)
+    if profile != "gpu":
+        raise PatchlaneError(f"--with-te needs the gpu profile; this build is {profile} ({why})",
+                             "TransformerEngine and Apex compile against a CUDA torch: build on a GPU node, or pass --profile gpu")
+    return TeRequest(te_lock=lock.te, env_dir=options.env_dir, cache_dir=options.cache_dir, offline=options.offline)
+
+
+def _te_rows(outcome: TeOutcome) -> list[BuildRow]:
+    return [BuildRow(upstream=name, pin=pin, source=source, applied="-", tree="-", install="wheel", action=action)
+            for name, pin, source, action in outcome.rows]
 
 
 def _prepare_environment(lock: Lock, options: BuildOptions, progress: StepProgress) -> TargetEnvironment:

@@ -12,11 +12,12 @@ from .console import format_table
 from .environment import detect_profile
 from .errors import PatchlaneError
 from .lock import Lock
+from .te_lock import TE_PROFILE
 from .wheeltarget import WheelTarget
 
 
 def cmd_cache_fill(args, lock: Lock) -> int:
-    profile, why = detect_profile(args.profile)
+    profile, why = (TE_PROFILE, "chosen with --profile") if args.profile == TE_PROFILE else detect_profile(args.profile)
     try:
         target = WheelTarget.create(args.python_version, args.platform, profile)
     except ValueError as exc:
@@ -25,7 +26,10 @@ def cmd_cache_fill(args, lock: Lock) -> int:
         print(f"profile {profile}: {why} (name the target's with --profile)")
     options = FillOptions(root=args.root, cache_dir=args.dir, target=target, exclude=tuple(args.exclude or ()),
                           only=args.only or None, refresh=args.refresh, artifacts_only=args.artifacts_only,
-                          extra=tuple(args.wheels or ()), tests_from=None if args.no_upstream_tests else _tests_from(args.tests_from))
+                          extra=tuple(args.wheels or ()), tests_from=None if args.no_upstream_tests else _tests_from(args.tests_from),
+                          apex_from=args.apex_from)
+    if args.apex_from and profile != TE_PROFILE:
+        raise PatchlaneError(f"--apex-from is for --profile {TE_PROFILE} (profile {profile} carries no Apex)")
     return run_fill(lock, options)
 
 
@@ -69,8 +73,9 @@ def add_cache_parser(add: AddCommand, common: argparse.ArgumentParser) -> None:
     c.add_argument("--python-version", help="the target interpreter, e.g. 3.12 (default: this interpreter and its platform)")
     c.add_argument("--platform", action="append",
                    help="target platform tag, e.g. manylinux_2_28_x86_64 (older manylinux tags are added); repeatable")
-    c.add_argument("--profile", choices=["auto", "cpu", "gpu"], default="auto",
-                   help="cpu: torch comes from the cache; gpu: the target's own CUDA torch is used, torch is left out (default: auto)")
+    c.add_argument("--profile", choices=["auto", "cpu", "gpu", TE_PROFILE], default="auto",
+                   help="cpu: torch comes from the cache; gpu: the target's own CUDA torch is used, torch is left out;"
+                        f" {TE_PROFILE}: gpu plus what `build --with-te` installs (TransformerEngine, Apex) (default: auto)")
     c.add_argument("--exclude", action="append", metavar="DIST",
                    help="a distribution the target already has; it, and what only it needs, is left out (repeatable)")
     c.add_argument("--wheels", nargs="+", metavar="REQ", help="more requirements to carry (with their dependencies)")
@@ -79,6 +84,9 @@ def add_cache_parser(add: AddCommand, common: argparse.ArgumentParser) -> None:
     c.add_argument("--tests-from", action="append", metavar="NAME=URL_OR_PATH",
                    help="take upstream NAME's own tests from this git URL or local clone holding the pinned tag"
                         " (default: the lock's git_url); repeatable")
+    c.add_argument("--apex-from", metavar="PATH_OR_URL",
+                   help=f"--profile {TE_PROFILE}: take Apex's source from this git URL or local clone or mirror holding the"
+                        " lock's commit (default: the lock's git_url)")
     c.add_argument("--no-upstream-tests", action="store_true",
                    help="leave upstream's own tests out (`upstream-tests` then refuses to run from this cache)")
     c.add_argument("only", nargs="*", default=None, help="upstream names whose artifacts to fetch (default: all)")

@@ -5,9 +5,12 @@
   corpus/            the releases the pinned training corpus is made of (the lock's [[corpus]]), sha256-verified
   upstream-tests/    each upstream's own tests at the pinned commit, from git, checked against the lock's
                      tree ids (upstream_tests_source.py); `--tests-from NAME=PATH` names a clone to take them from
+  te/                profile gpu-te: TransformerEngine's pinned files through pip and Apex's source from git at the
+                     lock's commit (`--apex-from PATH_OR_URL` names a clone), each checked against the lock
   wheels/            [environment] build + runtime + profile lists, every upstream's runtime list,
                      torch for the cpu profile (the gpu profile uses the node's own CUDA torch), the
-                     lock's [nox] lists and pyproject extras, nox itself; with their dependencies
+                     lock's [nox] lists and pyproject extras, nox itself, TE's runtime list (gpu-te); with their
+                     dependencies
   nam56r-cache.json  the manifest: files, sha256, sizes, target
 
 A second run with the same lock and target re-verifies what is there and downloads nothing;
@@ -36,6 +39,8 @@ from .cachemanifest import (
 from .console import StepProgress, format_table
 from .errors import PatchlaneError
 from .lock import Lock
+from .te_lock import TE_PROFILE, TeLock, base_profile
+from .te_sources import fill_te_sources, te_requirement_problems
 from .upstream_tests_source import fill_tests
 from .wheelhouse import ResolvedWheel, canonical, closure, download, resolve
 from .wheeltarget import WheelTarget
@@ -52,16 +57,19 @@ class FillOptions:
     artifacts_only: bool
     extra: tuple[str, ...] = ()  # --wheels: more requirements to carry
     tests_from: dict[str, str] | None = None  # upstream name -> git URL or clone with the pinned tag; None: no upstream tests
+    apex_from: str | None = None  # profile gpu-te: a git URL or clone holding the lock's Apex commit (default its git_url)
 
 
 def requirement_groups(lock: Lock, root: Path, profile: str, requested: tuple[str, ...] = ()) -> dict[str, list[str]]:
     """What the cache must satisfy, by group; a wheel is counted under the first group that needs it."""
     env = lock.environment
     runtime: list[str] = []
-    for req in (*env.runtime, *env.per_profile.get(profile, ()), *(r for u in lock.upstreams for r in u.runtime)):
+    for req in (*env.runtime, *env.per_profile.get(base_profile(profile), ()), *(r for u in lock.upstreams for r in u.runtime)):
         if req not in runtime:
             runtime.append(req)
     groups = {"build": list(env.build), "torch": [env.torch] if profile == "cpu" else [], "runtime": runtime}
+    if profile == TE_PROFILE:
+        groups["te-runtime"] = list(_te_lock(lock).te.runtime)
     for extra in lock.nox.extras:
         groups[f"extra:{extra}"] = _pyproject_extra(root, extra)
     groups["sessions"] = [*lock.nox.tool, *lock.nox.formatters, *lock.nox.tests, *lock.nox.interpreter]
@@ -79,24 +87,38 @@ def _pyproject_extra(root: Path, extra: str) -> list[str]:
     return list(extras[extra])
 
 
+def _te_lock(lock: Lock) -> TeLock:
+    if lock.te is None:
+        raise PatchlaneError(f"--profile {TE_PROFILE}: {lock.path} pins no TransformerEngine or Apex ([te] and [apex])",
+                             "pin them there (docs/te.md), or fill with --profile gpu")
+    return lock.te
+
+
 def excluded(profile: str, exclude: tuple[str, ...]) -> tuple[str, ...]:
     """Canonical names the cache leaves out, with whatever only they need."""
     names = {canonical(n) for n in exclude}
-    if profile == "gpu":
+    if base_profile(profile) == "gpu":
         names.add("torch")  # the node's CUDA build; the lock's torch_min applies to it
     return tuple(sorted(names))
 
 
 def run_fill(lock: Lock, options: FillOptions) -> int:
     cache_dir, target = options.cache_dir, options.target
-    progress = StepProgress(total=2 if options.artifacts_only else 6)
+    with_te = target.profile == TE_PROFILE
+    progress = StepProgress(total=2 if options.artifacts_only else 6 + with_te)
     progress.next(f"target: {target.describe()}")
+    if with_te:
+        _te_lock(lock)
     cache_dir.mkdir(parents=True, exist_ok=True)
     artifacts = _fill_artifacts(lock, options, progress)
     if options.artifacts_only:
         print(f"pinned artifacts in {cache_dir}: {sum(f.size for f in artifacts) / MIB:.1f} MiB; no wheels (--artifacts-only)")
         return 0
-    tests = _fill_tests(lock, options, progress) + _fill_corpus(lock, options.cache_dir, progress)
+    sourced = _fill_tests(lock, options, progress) + _fill_corpus(lock, options.cache_dir, progress)
+    if with_te:
+        te_lock = _te_lock(lock)
+        progress.next(f"TransformerEngine {te_lock.te.version} ({len(te_lock.te.files)} pinned files) and Apex at {te_lock.apex.short}")
+        sourced += fill_te_sources(te_lock, cache_dir, options.apex_from, progress.log)
     groups = requirement_groups(lock, options.root, target.profile, options.extra)
     exclude = excluded(target.profile, options.exclude)
     cache_target = CacheTarget(python_version=target.minor_version, platforms=target.platforms, profile=target.profile,
@@ -115,8 +137,14 @@ def run_fill(lock: Lock, options: FillOptions) -> int:
         wheels = _reuse(cache_dir, previous, target, progress)
     else:
         wheels = _resolve_and_download(lock, cache_dir, groups, exclude, target, previous, progress)
+    if with_te:
+        problems = te_requirement_problems(_te_lock(lock), cache_dir, {w.name for w in wheels}, exclude, target.markers())
+        if problems:
+            raise PatchlaneError("TransformerEngine's pinned files need what the cache does not carry:\n"
+                                 + "\n".join(f"  {p}" for p in problems),
+                                 f"add the requirement to [te] runtime in {lock.path}, then fill again")
     progress.next("manifest")
-    manifest = CacheManifest(target=cache_target, requirements=groups, files=tuple(artifacts + tests + wheels))
+    manifest = CacheManifest(target=cache_target, requirements=groups, files=tuple(artifacts + sourced + wheels))
     path = manifest.write(cache_dir)
     progress.log(f"  wrote {path} ({len(manifest.files)} files)")
     _print_summary(cache_dir, manifest)

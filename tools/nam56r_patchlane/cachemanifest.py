@@ -7,8 +7,10 @@ Layout of a cache directory:
   wheels/                every wheel an offline build, nox and its sessions install
   upstream-tests/        each upstream's own tests at the pinned commit (upstream_tests_source.py)
   corpus/                the releases the pinned training corpus is made of
+  te/                    TransformerEngine's pinned files and Apex's source (profile gpu-te; te_sources.py)
   nam56r-cache.json      this manifest
-  .parts/NN/             after `cache split`: the same layout, a share of the files and the manifest in each part
+  .parts/NN/             after `cache split`: the same layout, a share of the files and the manifest in each part;
+                         a file larger than a part travels as pieces (cachepieces.py), joined when the cache is verified
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .artifacts import sha256_file
+from .cachepieces import Piece, is_piece, join_pieces, plan_pieces, write_piece
 from .errors import PatchlaneError
 
 MANIFEST_NAME = "nam56r-cache.json"
 WHEELS_DIR = "wheels"
 CORPUS_DIR = "corpus"  # the pinned corpus' releases; also their files' kind
+TE_DIR = "te"  # TransformerEngine's pinned files and Apex's source archive; also their files' kind
 PARTS_DIR = ".parts"
 SCHEMA = 1
 MIB = 1 << 20
@@ -64,7 +68,7 @@ class CacheManifest:
         return path
 
     def wheels(self) -> list[CacheFile]:
-        return [f for f in self.files if f.kind not in ("artifact", "upstream-tests", CORPUS_DIR)]
+        return [f for f in self.files if f.kind not in ("artifact", "upstream-tests", CORPUS_DIR, TE_DIR)]
 
     def total_size(self) -> int:
         return sum(f.size for f in self.files)
@@ -103,8 +107,9 @@ def file_problem(cache_dir: Path, entry: CacheFile) -> str | None:
     return None
 
 
-def verify_cache(cache_dir: Path, python_version: str | None = None) -> CacheManifest:
-    """The manifest, after checking every file it lists and that wheels/ holds nothing else.
+def verify_cache(cache_dir: Path, python_version: str | None = None, log=print) -> CacheManifest:
+    """The manifest, after joining the files that arrived in pieces (`cache split`), checking every file it lists and
+    that wheels/ holds nothing else.
 
     `python_version` ("3.12.3" or "3.12"): refuse a cache filled for another minor version."""
     manifest = read_manifest(cache_dir)
@@ -120,12 +125,14 @@ def verify_cache(cache_dir: Path, python_version: str | None = None) -> CacheMan
             f"fill a cache for it: apply_patches.py cache fill DIR --python-version {'.'.join(python_version.split('.')[:2])}"
             " --platform TAG, or build with that interpreter (--base-python)",
         )
-    problems = [p for p in (file_problem(cache_dir, f) for f in manifest.files) if p]
+    pieces = join_pieces(cache_dir, [f.path for f in manifest.files], log)
+    incomplete = {p.split(": ", 1)[0] for p in pieces}
+    problems = pieces + [p for f in manifest.files if f.path not in incomplete and (p := file_problem(cache_dir, f))]
     listed = {f.path for f in manifest.files}
     wheels = cache_dir / WHEELS_DIR
     if wheels.is_dir():
         problems += [f"{WHEELS_DIR}/{p.name}: not in the manifest" for p in sorted(wheels.iterdir())
-                     if f"{WHEELS_DIR}/{p.name}" not in listed]
+                     if f"{WHEELS_DIR}/{p.name}" not in listed and not is_piece(p.name)]
     if problems:
         hint = "delete the files named, then `cache fill` again where an index is reachable"
         if (cache_dir / PARTS_DIR).is_dir():
@@ -148,19 +155,29 @@ def size_table(manifest: CacheManifest) -> list[list[str]]:
 
 def split_cache(cache_dir: Path, manifest: CacheManifest, max_mib: float, log=print) -> list[Path]:
     """Hard-link (or copy) the cache's files into .parts/01, 02, ... of at most `max_mib` MiB each, each
-    part laid out like the cache and holding the manifest, so any part that arrived can be checked."""
+    part laid out like the cache and holding the manifest, so any part that arrived can be checked. A file
+    larger than a part is cut into pieces (cachepieces.py), which verify_cache joins."""
     limit = int(max_mib * MIB)
     manifest_size = (cache_dir / MANIFEST_NAME).stat().st_size
-    too_big = [f for f in manifest.files if f.size + manifest_size > limit]
-    if too_big:
-        raise PatchlaneError(
-            f"{len(too_big)} file(s) exceed {max_mib} MiB on their own: "
-            + ", ".join(f"{f.path} ({f.size / MIB:.1f} MiB)" for f in too_big),
-            "a file is never cut: pass a larger --max-mib",
-        )
+    room = limit - manifest_size
+    if room <= 0:
+        raise PatchlaneError(f"--max-mib {max_mib}: each part holds the manifest ({manifest_size / MIB:.2f} MiB), which leaves"
+                             " no room for files", "pass a larger --max-mib")
+    entries: list[CacheFile] = []
+    cut: dict[str, Piece] = {}
+    for entry in manifest.files:
+        if entry.size <= room:
+            entries.append(entry)
+            continue
+        for piece in plan_pieces(entry.path, entry.size, room):
+            cut[piece.path] = piece
+            entries.append(CacheFile(path=piece.path, sha256="", size=piece.size, kind=entry.kind, name=entry.name,
+                                     version=entry.version))
+        log(f"  {entry.path} ({entry.size / MIB:.1f} MiB) travels as {len(plan_pieces(entry.path, entry.size, room))}"
+            " pieces, joined by `cache verify` once every part is copied in")
     bins: list[list[CacheFile]] = []
     used: list[int] = []
-    for entry in sorted(manifest.files, key=lambda f: (-f.size, f.path)):  # first fit, largest first
+    for entry in sorted(entries, key=lambda f: (-f.size, f.path)):  # first fit, largest first
         for i in range(len(bins)):
             if used[i] + entry.size <= limit:
                 bins[i].append(entry)
@@ -180,6 +197,9 @@ def split_cache(cache_dir: Path, manifest: CacheManifest, max_mib: float, log=pr
         for entry in entries:
             dest = part / entry.path
             dest.parent.mkdir(parents=True, exist_ok=True)
+            if entry.path in cut:
+                write_piece(cache_dir, cut[entry.path], dest)
+                continue
             try:
                 os.link(cache_dir / entry.path, dest)
             except OSError:

@@ -61,7 +61,7 @@ def cmd_build(args, lock: Lock) -> int:
     options = BuildOptions(
         root=args.root, cache_dir=args.cache, offline=args.offline, env_dir=env_dir, python=args.python,
         profile=args.profile, discard=args.discard, only=args.only or None, install=not args.no_install,
-        base_python=args.base_python,
+        base_python=args.base_python, with_te=args.with_te,
     )
     return run_build(lock, options)
 
@@ -226,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-python", metavar="EXE",
                    help="create --env with this interpreter, seeing its installed packages (a cluster's CUDA torch) after"
                    " its own; nothing is installed into EXE's environment")
+    p.add_argument("--with-te", action="store_true",
+                   help="also install TransformerEngine and Apex as the lock pins them, compiling their torch extensions"
+                        " once per torch/CUDA/arch/python (gpu profile; offline: from a cache filled with --profile gpu-te)")
     p.add_argument("only", nargs="*", help="upstream names (default: all)")
 
     p = add("status", cmd_status, "per upstream: pin, source, applied N of M, dirty or clean")

@@ -201,8 +201,8 @@ def profile_notes(profile: str, lock: Lock) -> list[str]:
     if profile == "cpu":
         notes.append("skipped (GPU-only): CUDA extension builds, TransformerEngine")
     else:
-        notes.append("TransformerEngine is not installed by this build: install transformer_engine[pytorch] yourself"
-                     " for the TE backend (without it NAM56R uses Megatron's local backend, and says so)")
+        notes.append("TransformerEngine and Apex are installed with --with-te only (docs/te.md); without them NAM56R uses"
+                     " Megatron's local backend, and says so")
     return notes
 
 

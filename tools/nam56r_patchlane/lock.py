@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .errors import PatchlaneError
 from .patchfile import TEST_DIRS
+from .te_lock import TeLock, parse_te_lock
 
 LOCK_RELATIVE_PATH = Path("third_party/upstreams.toml")
 INSTALL_MODES = ("editable", "wheel")
@@ -118,6 +119,7 @@ class Lock:
     upstreams: tuple[Upstream, ...]
     nox: NoxRequirements = field(default_factory=NoxRequirements)
     corpus: tuple[CorpusSource, ...] = ()
+    te: TeLock | None = None  # [te] and [apex]: what `build --with-te` installs (te_lock.py)
 
     def get(self, name: str) -> Upstream:
         for upstream in self.upstreams:
@@ -197,7 +199,8 @@ def load_lock(root: Path) -> Lock:
     if len(set(names)) != len(names):
         raise PatchlaneError(f"{path}: duplicate upstream names in {names}")
     return Lock(path=path, environment=environment, upstreams=upstreams, nox=_parse_nox(raw.get("nox", {}), path),
-                corpus=tuple(_parse_corpus(entry, f"{path} corpus #{i + 1}") for i, entry in enumerate(raw.get("corpus", []))))
+                corpus=tuple(_parse_corpus(entry, f"{path} corpus #{i + 1}") for i, entry in enumerate(raw.get("corpus", []))),
+                te=parse_te_lock(raw, str(path)))
 
 
 def _parse_corpus(raw: dict, where: str) -> CorpusSource:

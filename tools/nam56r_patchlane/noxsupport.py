@@ -45,7 +45,7 @@ def recorded_build_options(env_dir: Path) -> list[str]:
     record = read_build_record(env_dir)
     if not record or not record.get("offline"):
         return []
-    return ["--cache", record["cache"], "--offline", "--profile", record["profile"]]
+    return ["--cache", record["cache"], "--offline", "--profile", record["profile"], *(["--with-te"] if record.get("te") else [])]
 
 
 def session_build_options(env_dir: Path, options: Sequence[str]) -> tuple[list[str], str]:
