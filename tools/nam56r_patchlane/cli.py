@@ -200,6 +200,21 @@ def _add_common(parser: argparse.ArgumentParser, defaults: bool) -> None:
                         " holder (default: as long as it takes); give up after SECONDS, 0: refuse at once (exit 75)")
 
 
+def _add_build_parser(add) -> None:
+    p = add("build", cmd_build, "materialize, patch and install every upstream into the target environment", writes=True)
+    p.add_argument("--env", type=Path, help="virtual environment to create/update (default: <root>/.venv)")
+    p.add_argument("--profile", choices=["auto", "cpu", "gpu"], default="auto", help="cpu skips GPU-only builds, loudly (default: auto)")
+    p.add_argument("--discard", action="store_true", help="set aside (under refs/patchlane/discarded/) edits and commits not in the series")
+    p.add_argument("--no-install", action="store_true", help="materialize and patch only")
+    p.add_argument("--base-python", metavar="EXE",
+                   help="create --env with this interpreter, seeing its installed packages (a cluster's CUDA torch) after"
+                   " its own; nothing is installed into EXE's environment")
+    p.add_argument("--with-te", action="store_true",
+                   help="also install TransformerEngine and Apex as the lock pins them, compiling their torch extensions"
+                        " once per torch/CUDA/arch/python (gpu profile; offline: from a cache filled with --profile gpu-te)")
+    p.add_argument("only", nargs="*", help="upstream names (default: all)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="apply_patches.py",
@@ -218,19 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func, writes=writes)
         return p
 
-    p = add("build", cmd_build, "materialize, patch and install every upstream into the target environment", writes=True)
-    p.add_argument("--env", type=Path, help="virtual environment to create/update (default: <root>/.venv)")
-    p.add_argument("--profile", choices=["auto", "cpu", "gpu"], default="auto", help="cpu skips GPU-only builds, loudly (default: auto)")
-    p.add_argument("--discard", action="store_true", help="set aside (under refs/patchlane/discarded/) edits and commits not in the series")
-    p.add_argument("--no-install", action="store_true", help="materialize and patch only")
-    p.add_argument("--base-python", metavar="EXE",
-                   help="create --env with this interpreter, seeing its installed packages (a cluster's CUDA torch) after"
-                   " its own; nothing is installed into EXE's environment")
-    p.add_argument("--with-te", action="store_true",
-                   help="also install TransformerEngine and Apex as the lock pins them, compiling their torch extensions"
-                        " once per torch/CUDA/arch/python (gpu profile; offline: from a cache filled with --profile gpu-te)")
-    p.add_argument("only", nargs="*", help="upstream names (default: all)")
-
+    _add_build_parser(add)
     p = add("status", cmd_status, "per upstream: pin, source, applied N of M, dirty or clean")
     p.add_argument("only", nargs="*")
     p = add("series", cmd_series, "list each series with what is applied")
