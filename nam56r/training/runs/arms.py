@@ -94,17 +94,18 @@ def compare_arms(arms: list[ArmStats], baseline: str) -> list[ArmDifference]:
     return differences
 
 
-def _parse_arm(text: str) -> tuple[str, list[Path]]:
+def parse_arm(text: str) -> tuple[str, list[Path]]:
+    """An `--arm NAME=PATH[,PATH...]` option: the arm's name and its runs' paths."""
     name, sep, paths = text.partition("=")
     if not sep or not name or not paths:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=SUMMARY[,SUMMARY...]")
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=PATH[,PATH...]")
     return name, [Path(p) for p in paths.split(",")]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nam56r.training.runs.arms", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arm", type=_parse_arm, action="append", required=True, metavar="NAME=SUMMARY[,SUMMARY...]",
+    parser.add_argument("--arm", type=parse_arm, action="append", required=True, metavar="NAME=SUMMARY[,SUMMARY...]",
                         help="one arm: its name and its runs' summary.json files (repeatable)")
     parser.add_argument("--baseline", required=True, help="the arm the others are compared with")
     parser.add_argument("--steps", type=int, nargs=2, default=(151, 300), metavar=("FIRST", "LAST"),

@@ -26,7 +26,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nam56r.training.runs.arms import ArmStats, compare_arms
+from nam56r.training.runs.arms import ArmStats, compare_arms, parse_arm
 from nam56r.training.runs.layout import RunDir
 
 SCHEMA = "nam56r.learning/1"
@@ -173,17 +173,10 @@ def plot(arms: dict[str, list[LearningRun]], baselines: dict, path: Path, title:
     figure.savefig(path, dpi=110)
 
 
-def _parse_arm(text: str) -> tuple[str, list[Path]]:
-    name, sep, paths = text.partition("=")
-    if not sep or not name or not paths:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=RUN_DIR[,RUN_DIR...]")
-    return name, [Path(p) for p in paths.split(",")]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nam56r.training.runs.learning", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arm", type=_parse_arm, action="append", required=True, metavar="NAME=RUN_DIR[,RUN_DIR...]",
+    parser.add_argument("--arm", type=parse_arm, action="append", required=True, metavar="NAME=RUN_DIR[,RUN_DIR...]",
                         help="one arm: its name and its runs' directories (repeatable)")
     parser.add_argument("--versus", help="the arm the others are compared with at equal tokens (e.g. the reference)")
     parser.add_argument("--baselines", type=Path, required=True, help="the data's baselines.json (`nox -s data -- baselines DIR`)")
