@@ -186,7 +186,10 @@ def compile_wheel(target: Target, job: CompileJob, key: BuildKey, node_env: dict
     log_path = log_dir / f"{job.component}-build.log"
     out = Path(tempfile.mkdtemp(prefix=f".{job.component}-wheel-", dir=log_dir))
     # No pip configuration and no index: the build never downloads (a find-links of the machine's must not either).
-    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PIP_INDEX_URL": "", "PIP_EXTRA_INDEX_URL": "",
+    # TE's and Apex's build switches come from the lock alone (job.env): the kept wheel is reused under a key that does
+    # not name the shell's NVTE_*/APEX_* variables (Megatron sets NVTE_*_ATTN in its own process too).
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("NVTE_", "APEX_"))}
+    env = {**inherited, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PIP_INDEX_URL": "", "PIP_EXTRA_INDEX_URL": "",
            "TORCH_CUDA_ARCH_LIST": key.arch, **node_env, **job.env}
     # Apex compiles APEX_PARALLEL_BUILD extensions side by side, each with MAX_JOBS compilers: share the cores, or nvcc
     # processes (GBs each) outnumber them and the node runs out of memory.
