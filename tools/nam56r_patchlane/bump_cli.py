@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from . import bump
 from .cli_options import AddCommand, default_python
 from .errors import PatchlaneError
 from .lock import Lock
-
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+from .lock_fields import OBJECT_ID
 
 
 def cmd_bump(args, lock: Lock) -> int:
-    if not _COMMIT.match(args.commit):
+    if not OBJECT_ID.match(args.commit):
         raise PatchlaneError(f"--commit {args.commit!r} is not a 40-hex git commit", "the full commit id of the new tag")
     options = bump.BumpOptions(root=args.root, name=args.upstream, version=args.to, tag=args.tag, commit=args.commit,
                                python=default_python(args), artifact=args.artifact, tests_from=args.tests_from,

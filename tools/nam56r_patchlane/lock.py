@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PatchlaneError
+from .lock_fields import OBJECT_ID, Artifact, artifacts_of, require, sha256_of
 from .patchfile import TEST_DIRS
 from .te_lock import TeLock, parse_te_lock
 
 LOCK_RELATIVE_PATH = Path("third_party/upstreams.toml")
 INSTALL_MODES = ("editable", "wheel")
 PROFILES = ("cpu", "gpu")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """One release file on the package index, identified by name and sha256."""
-
-    filename: str
-    sha256: str
-
-    @property
-    def is_wheel(self) -> bool:
-        return self.filename.endswith(".whl")
-
 
 @dataclass(frozen=True)
 class Upstream:
@@ -132,43 +117,32 @@ class Lock:
         return [self.get(n) for n in names] if names else list(self.upstreams)
 
 
-def _require(table: dict, key: str, where: str) -> object:
-    if key not in table:
-        raise PatchlaneError(f"{where}: missing key {key!r}")
-    return table[key]
-
-
 def _parse_upstream(raw: dict, where: str) -> Upstream:
-    name = str(_require(raw, "name", where))
+    name = str(require(raw, "name", where))
     where = f"{where} ({name})"
-    commit = str(_require(raw, "commit", where))
-    if not _COMMIT.match(commit):
+    commit = str(require(raw, "commit", where))
+    if not OBJECT_ID.match(commit):
         raise PatchlaneError(f"{where}: commit {commit!r} is not a 40-hex git commit")
-    install = str(_require(raw, "install", where))
+    install = str(require(raw, "install", where))
     if install not in INSTALL_MODES:
         raise PatchlaneError(f"{where}: install {install!r} is not one of {INSTALL_MODES}")
-    artifacts = []
-    for entry in raw.get("artifact", []):
-        sha = str(_require(entry, "sha256", where)).lower()
-        if not _SHA256.match(sha):
-            raise PatchlaneError(f"{where}: artifact sha256 {sha!r} is not 64 hex digits")
-        artifacts.append(Artifact(filename=str(_require(entry, "filename", where)), sha256=sha))
+    artifacts = artifacts_of(raw, where)
     env = {p: {k: str(v) for k, v in raw.get("env", {}).get(p, {}).items()} for p in PROFILES}
     tests = {str(k): str(v) for k, v in raw.get("tests", {}).items()}
     for test_root, tree_id in tests.items():
-        if not _COMMIT.match(tree_id):
+        if not OBJECT_ID.match(tree_id):
             raise PatchlaneError(f"{where}: tests root {test_root!r}: {tree_id!r} is not a 40-hex git object id")
         if test_root.split("/", 1)[0] not in TEST_DIRS or test_root.endswith("/") or ".." in test_root.split("/"):
             raise PatchlaneError(f"{where}: tests root {test_root!r} is not a path under {' or '.join(TEST_DIRS)}/")
     return Upstream(
         name=name,
-        git_url=str(_require(raw, "git_url", where)),
-        tag=str(_require(raw, "tag", where)),
+        git_url=str(require(raw, "git_url", where)),
+        tag=str(require(raw, "tag", where)),
         commit=commit,
-        pypi=str(_require(raw, "pypi", where)),
-        version=str(_require(raw, "version", where)),
+        pypi=str(require(raw, "pypi", where)),
+        version=str(require(raw, "version", where)),
         install=install,
-        artifacts=tuple(artifacts),
+        artifacts=artifacts,
         imports=tuple(raw.get("imports", ())),
         runtime=tuple(raw.get("runtime", ())),
         env=env,
@@ -204,11 +178,9 @@ def load_lock(root: Path) -> Lock:
 
 
 def _parse_corpus(raw: dict, where: str) -> CorpusSource:
-    sha = str(_require(raw, "sha256", where)).lower()
-    if not _SHA256.match(sha):
-        raise PatchlaneError(f"{where}: sha256 {sha!r} is not 64 hex digits")
-    return CorpusSource(name=str(_require(raw, "name", where)), version=str(_require(raw, "version", where)),
-                        filename=str(_require(raw, "filename", where)), sha256=sha)
+    sha = sha256_of(raw, where)
+    return CorpusSource(name=str(require(raw, "name", where)), version=str(require(raw, "version", where)),
+                        filename=str(require(raw, "filename", where)), sha256=sha)
 
 
 def _parse_nox(raw: dict, path: Path) -> NoxRequirements:

@@ -9,14 +9,12 @@ and `build --with-te`.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from .errors import PatchlaneError
+from .lock_fields import OBJECT_ID, Artifact, artifacts_of, require
 
 TE_PROFILE = "gpu-te"  # `cache fill --profile gpu-te`: the gpu profile plus what `build --with-te` installs
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_OBJECT_ID = re.compile(r"^[0-9a-f]{40}$")
 
 
 def base_profile(profile: str) -> str:
@@ -25,38 +23,19 @@ def base_profile(profile: str) -> str:
 
 
 @dataclass(frozen=True)
-class PinnedFile:
-    """One release file on the package index, identified by name and sha256."""
-
-    filename: str
-    sha256: str
-
-    @property
-    def is_wheel(self) -> bool:
-        return self.filename.endswith(".whl")
-
-    @property
-    def project(self) -> str:
-        """The project name the file belongs to (the index is searched under it)."""
-        if self.is_wheel:
-            return self.filename.split("-")[0]
-        return self.filename.removesuffix(".tar.gz").rsplit("-", 1)[0]
-
-
-@dataclass(frozen=True)
 class TransformerEngine:
     version: str
-    files: tuple[PinnedFile, ...]
+    files: tuple[Artifact, ...]
     runtime: tuple[str, ...]  # what the installed files need besides each other and torch, from the index or cache
     imports: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)  # set while its extension compiles
 
     @property
-    def wheels(self) -> tuple[PinnedFile, ...]:
+    def wheels(self) -> tuple[Artifact, ...]:
         return tuple(f for f in self.files if f.is_wheel)
 
     @property
-    def sdist(self) -> PinnedFile:
+    def sdist(self) -> Artifact:
         return next(f for f in self.files if not f.is_wheel)
 
 
@@ -90,12 +69,6 @@ def parse_te_lock(raw: dict, where: str) -> TeLock | None:
     return TeLock(te=_parse_te(raw["te"], f"{where} [te]"), apex=_parse_apex(raw["apex"], f"{where} [apex]"))
 
 
-def _require(table: dict, key: str, where: str) -> object:
-    if key not in table:
-        raise PatchlaneError(f"{where}: missing key {key!r}")
-    return table[key]
-
-
 def _env(raw: dict, where: str) -> dict[str, str]:
     env = raw.get("env", {})
     if not isinstance(env, dict):
@@ -104,13 +77,8 @@ def _env(raw: dict, where: str) -> dict[str, str]:
 
 
 def _parse_te(raw: dict, where: str) -> TransformerEngine:
-    version = str(_require(raw, "version", where))
-    files = []
-    for entry in raw.get("artifact", []):
-        sha = str(_require(entry, "sha256", where)).lower()
-        if not _SHA256.match(sha):
-            raise PatchlaneError(f"{where}: artifact sha256 {sha!r} is not 64 hex digits")
-        files.append(PinnedFile(filename=str(_require(entry, "filename", where)), sha256=sha))
+    version = str(require(raw, "version", where))
+    files = artifacts_of(raw, where)
     sdists = [f.filename for f in files if not f.is_wheel]
     if len(sdists) != 1 or not any(f.is_wheel for f in files):
         raise PatchlaneError(f"{where}: needs its wheels and exactly one sdist (the PyTorch extension) as [[te.artifact]];"
@@ -118,14 +86,14 @@ def _parse_te(raw: dict, where: str) -> TransformerEngine:
     strays = [f.filename for f in files if f"-{version}" not in f.filename]
     if strays:
         raise PatchlaneError(f"{where}: {strays} are not files of version {version}")
-    return TransformerEngine(version=version, files=tuple(files), runtime=tuple(str(r) for r in raw.get("runtime", ())),
+    return TransformerEngine(version=version, files=files, runtime=tuple(str(r) for r in raw.get("runtime", ())),
                              imports=tuple(str(m) for m in raw.get("imports", ())), env=_env(raw, where))
 
 
 def _parse_apex(raw: dict, where: str) -> Apex:
-    ids = {key: str(_require(raw, key, where)) for key in ("commit", "tree")}
+    ids = {key: str(require(raw, key, where)) for key in ("commit", "tree")}
     for key, value in ids.items():
-        if not _OBJECT_ID.match(value):
+        if not OBJECT_ID.match(value):
             raise PatchlaneError(f"{where}: {key} {value!r} is not a 40-hex git object id")
-    return Apex(git_url=str(_require(raw, "git_url", where)), ref=str(_require(raw, "ref", where)), commit=ids["commit"],
+    return Apex(git_url=str(require(raw, "git_url", where)), ref=str(require(raw, "ref", where)), commit=ids["commit"],
                 tree=ids["tree"], imports=tuple(str(m) for m in raw.get("imports", ())), env=_env(raw, where))

@@ -22,7 +22,8 @@ from .apex_source import archive_path, archive_problem, fill_apex
 from .artifacts import locate_and_save, sha256_file
 from .cachemanifest import MIB, TE_DIR, CacheFile, CacheManifest, file_problem
 from .errors import PatchlaneError
-from .te_lock import TE_PROFILE, PinnedFile, TeLock
+from .lock_fields import Artifact
+from .te_lock import TE_PROFILE, TeLock
 from .wheelhouse import canonical
 
 try:  # the interpreter running this tool has pip, not necessarily `packaging`
@@ -49,14 +50,14 @@ def fill_te_sources(te_lock: TeLock, cache_dir: Path, apex_from: str | None,
     return [*files, fill_apex(te_lock.apex, cache_dir, apex_from, log)]
 
 
-def _fill_pinned(pinned: PinnedFile, version: str, cache_dir: Path, log: Callable[[str], None]) -> CacheFile:
+def _fill_pinned(pinned: Artifact, version: str, cache_dir: Path, log: Callable[[str], None]) -> CacheFile:
     path = fetch_pinned(pinned, version, cache_dir, log)
     log(f"  {pinned.filename} ({path.stat().st_size / MIB:.1f} MiB, sha256 verified)")
     return CacheFile(path=f"{TE_DIR}/{pinned.filename}", sha256=pinned.sha256, size=path.stat().st_size, kind=TE_DIR,
                      name=pinned.project, version=version)
 
 
-def fetch_pinned(pinned: PinnedFile, version: str, cache_dir: Path, log: Callable[[str], None] = print) -> Path:
+def fetch_pinned(pinned: Artifact, version: str, cache_dir: Path, log: Callable[[str], None] = print) -> Path:
     """The pinned file in `cache_dir/te/`, downloaded through pip's finder unless it is there; sha256-verified."""
     dest = cache_dir / TE_DIR / pinned.filename
     if dest.is_file() and sha256_file(dest) == pinned.sha256:
