@@ -1,5 +1,6 @@
 """pytest plugin of `upstream-tests`: stops the session (exit 3) when the upstream under test imports from anywhere but
-the tree the side runs in, so that a side never silently tests the environment's installed copy instead."""
+the tree the side runs in, so that a side never silently tests the environment's installed copy instead; and gives
+each pytest process a rendezvous port of its own."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ GUARD_EXIT = 17  # not one of pytest's own exit codes (0-5)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # An xdist worker rendezvouses on a port of its own: the workers of a side run at once, and upstream's distributed
-    # tests each form a one-rank group on MASTER_PORT.
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
+    # Every pytest process (a side, or each of its xdist workers) rendezvouses on a port of its own: both sides and a
+    # side's workers run at once, and upstream's distributed tests each form a one-rank group on MASTER_PORT
+    # (Megatron's default 29500), so a shared port fails all but one with EADDRINUSE.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -10,7 +10,6 @@ plugin stops the run when an import resolves elsewhere.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,10 +90,9 @@ def run_pytest(upstream: Upstream, tree: UpstreamTree, paths: list[str], junit: 
                python: str, timeout_s: float, test_ids: list[str] | None = None,
                extra_env: dict[str, str] | None = None, jobs: int = 1) -> subprocess.Popen:
     """Start pytest over `paths` (or exactly `test_ids`) in `tree`, importing the upstream from it; returns the process.
-    The process gets a free `MASTER_PORT` of its own: the two sides run at once, and upstream's distributed tests
-    rendezvous on `MASTER_PORT` (Megatron's default 29500), so a shared port fails one side with EADDRINUSE. With
-    `jobs` > 1, pytest-xdist runs that many workers, and the guard plugin gives each worker a port of its own."""
-    env = {**os.environ, "MASTER_PORT": str(free_port()), **(extra_env or {}),
+    With `jobs` > 1, pytest-xdist runs that many workers. The guard plugin gives each pytest process its own
+    `MASTER_PORT`."""
+    env = {**os.environ, **(extra_env or {}),
            "PYTHONPATH": os.pathsep.join([str(tree.path), str(TOOLS_DIR)]),
            "NAM56R_UPSTREAM_TESTS_TREE": str(tree.path), "NAM56R_UPSTREAM_TESTS_IMPORTS": ",".join(upstream.imports)}
     env.pop("PYTHONSAFEPATH", None)
@@ -108,13 +106,6 @@ def run_pytest(upstream: Upstream, tree: UpstreamTree, paths: list[str], junit: 
         process = subprocess.Popen(["timeout", "--kill-after=30", str(int(timeout_s)), *command], cwd=tree.path, env=env,
                                    stdout=log, stderr=subprocess.STDOUT)
     return process
-
-
-def free_port() -> int:
-    """A TCP port on localhost that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def finish(process: subprocess.Popen, junit: Path, log_path: Path, side: str) -> dict[str, Case]:
