@@ -75,9 +75,13 @@ def compute(directory: Path, bigram_weight: float = DEFAULT_BIGRAM_WEIGHT) -> Ba
     data = read_data_manifest(directory)
     (_, train), (_, valid) = open_tokens(data.train_prefix), open_tokens(data.valid_prefix)
     unigram, bigram = cross_entropies(np.asarray(train), np.asarray(valid), data.vocab_size, bigram_weight)
-    return Baselines(unigram, bigram, bigram_weight, data.vocab_size, len(train), len(valid),
-                     hashlib.sha256(np.ascontiguousarray(train).tobytes()).hexdigest(),
-                     hashlib.sha256(np.ascontiguousarray(valid).tobytes()).hexdigest())
+    return Baselines(unigram, bigram, bigram_weight, data.vocab_size, len(train), len(valid), tokens_sha256(train),
+                     tokens_sha256(valid))
+
+
+def tokens_sha256(tokens: np.ndarray) -> str:
+    """The sha256 of a split's token stream in its stored dtype: what baselines.json records of each split."""
+    return hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()
 
 
 def write(directory: Path, baselines: Baselines) -> Path:

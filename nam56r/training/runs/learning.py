@@ -17,7 +17,7 @@ baselines' valid sha256 (its tokens must be on this machine; --no-data-check ski
 from __future__ import annotations
 
 import argparse
-import hashlib
+import functools
 import json
 import math
 import shlex
@@ -94,25 +94,29 @@ def _valid_prefix(command_file: Path) -> str | None:
 
 def check_valid_split(run: LearningRun, valid_sha256: str) -> None:
     """Raises unless the run evaluated on the split the baselines scored (the sha256 of its tokens)."""
-    from nam56r.training.data.format import open_tokens
-
     if run.valid_prefix is None:
         raise ValueError(f"{run.label}: its command names no --valid-data-path")
     if not Path(run.valid_prefix + ".bin").is_file():
         raise ValueError(f"{run.label} evaluated on {run.valid_prefix}, which is not on this machine: check the split "
                          "here, or pass --no-data-check")
-    import numpy as np
-
-    _, tokens = open_tokens(run.valid_prefix)
-    digest = hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()
+    digest = _split_sha256(run.valid_prefix)
     if digest != valid_sha256:
         raise ValueError(f"{run.label} evaluated on {run.valid_prefix} (sha256 {digest[:12]}), not the split the baselines "
                          f"scored ({valid_sha256[:12]})")
 
 
+@functools.cache
+def _split_sha256(prefix: str) -> str:
+    """Once per split: the runs of a comparison usually share one."""
+    from nam56r.training.data.baselines import tokens_sha256
+    from nam56r.training.data.format import open_tokens
+
+    return tokens_sha256(open_tokens(Path(prefix))[1])
+
+
 def arm_verdict(name: str, runs: list[LearningRun], bigram: float) -> ArmVerdict:
     last = min(run.valid[-1][0] for run in runs)
-    values = tuple(dict(run.valid)[last] if last in dict(run.valid) else math.nan for run in runs)
+    values = tuple(dict(run.valid).get(last, math.nan) for run in runs)
     if any(math.isnan(v) for v in values):
         raise ValueError(f"arm {name}: its runs did not all evaluate at step {last}: give them the same --eval-interval")
     tokens = {run.tokens_per_step * last for run in runs}
