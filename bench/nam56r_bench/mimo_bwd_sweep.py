@@ -22,10 +22,8 @@ case ``mamba-mimo backward (dacs_segsum + mamba_mimo_bwd_combined) mb<B>``, comp
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,27 +126,19 @@ def call_label(call: FactoryCall) -> str:
 def compile_calls(calls: Sequence[FactoryCall], *, jobs: int | None = None) -> dict[FactoryCall, tuple[float | None, str | None]]:
     """Compile each distinct call in its own process, `jobs` at a time (default one per CPU); {call: (seconds, None)}
     or (None, the error) for one that failed: one failure does not stop the others."""
-    from nam56r.training.launcher.kernel_prewarm import compile_call
+    from nam56r.training.launcher.kernel_prewarm import compile_in_processes, process_count
 
     work = list(dict.fromkeys(calls))
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    jobs = process_count(jobs, len(work))
     print(f"[mimo-bwd] compiling {len(work)} kernels on {jobs} processes", flush=True)
-    start = time.perf_counter()
-    results: dict[FactoryCall, tuple[float | None, str | None]] = {}
-    # spawn: a forked child would inherit this process's CUDA state.
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(compile_call, call): call for call in work}
-        for future in as_completed(futures):
-            call = futures[future]
-            try:
-                results[call] = (future.result(), None)
-            except Exception as exc:  # noqa: BLE001 - the candidate's row carries the compiler's error
-                results[call] = (None, describe(exc))
-            seconds, error = results[call]
-            state = f"failed: {error.splitlines()[0][:200]}" if error else f"{seconds:.0f} s"
-            print(f"[mimo-bwd] {call_label(call)}: {state} ({len(results)}/{len(work)}, {time.perf_counter() - start:.0f} s)",
-                  flush=True)
-    return results
+
+    def report(call: FactoryCall, outcome: float | Exception, done: int, elapsed: float) -> None:
+        state = f"failed: {describe(outcome).splitlines()[0][:200]}" if isinstance(outcome, Exception) else f"{outcome:.0f} s"
+        print(f"[mimo-bwd] {call_label(call)}: {state} ({done}/{len(work)}, {elapsed:.0f} s)", flush=True)
+
+    # the candidate's row carries the compiler's error
+    return {call: (None, describe(outcome)) if isinstance(outcome, Exception) else (outcome, None)
+            for call, outcome in compile_in_processes(work, jobs, report).items()}
 
 
 def _next_message(connection, process, timeout: float):

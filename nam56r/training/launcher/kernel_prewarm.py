@@ -25,7 +25,7 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
@@ -142,29 +142,46 @@ def compile_call(call: FactoryCall) -> float:
     return time.perf_counter() - start
 
 
-def compile_at_batches(calls: Sequence[FactoryCall], batches: Sequence[int], *, jobs: int | None = None) -> dict[str, float]:
-    """Compile every call at every batch in `batches`, `jobs` processes at a time (default: one per CPU, at most
-    one per compile); {label: seconds}, printed as each finishes. A failed compile raises, naming it."""
-    work = [call.at_batch(batch) for batch in batches for call in calls]
-    if not work:
-        return {}
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
-    print(f"[prewarm] {len(work)} kernels ({len(calls)} factories x micro-batches {format_sizes(batches)}) on {jobs} processes",
-          flush=True)
+def compile_in_processes(work: Sequence[FactoryCall], jobs: int,
+                         report: Callable[[FactoryCall, float | Exception, int, float], None]) -> dict[FactoryCall, float | Exception]:
+    """Each call compiled in a process of its own, `jobs` at a time: {call: seconds, or the exception its compile
+    raised}; `report(call, outcome, calls done, seconds elapsed)` as each finishes (it may raise to stop)."""
+    outcomes: dict[FactoryCall, float | Exception] = {}
     start = time.perf_counter()
-    seconds: dict[str, float] = {}
     # spawn: a forked child would inherit this process's CUDA state.
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(compile_call, call): call for call in work}
         for future in as_completed(futures):
             call = futures[future]
             try:
-                seconds[call.label()] = future.result()
-            except Exception as exc:
-                raise PrewarmError(f"compiling {call.label()} failed: {type(exc).__name__}: {exc}") from exc
-            print(f"[prewarm] {call.label()}: {seconds[call.label()]:.1f} s ({len(seconds)}/{len(work)}, "
-                  f"{time.perf_counter() - start:.0f} s elapsed)", flush=True)
-    return seconds
+                outcomes[call] = future.result()
+            except Exception as exc:  # noqa: BLE001 - the caller's report decides what a failed compile means
+                outcomes[call] = exc
+            report(call, outcomes[call], len(outcomes), time.perf_counter() - start)
+    return outcomes
+
+
+def process_count(jobs: int | None, work: int) -> int:
+    """`jobs`, or one process per CPU, and at most one per compile."""
+    return max(1, min(jobs or os.cpu_count() or 1, work))
+
+
+def compile_at_batches(calls: Sequence[FactoryCall], batches: Sequence[int], *, jobs: int | None = None) -> dict[str, float]:
+    """Compile every call at every batch in `batches`, `jobs` processes at a time (default: one per CPU, at most
+    one per compile); {label: seconds}, printed as each finishes. A failed compile raises, naming it."""
+    work = [call.at_batch(batch) for batch in batches for call in calls]
+    if not work:
+        return {}
+    jobs = process_count(jobs, len(work))
+    print(f"[prewarm] {len(work)} kernels ({len(calls)} factories x micro-batches {format_sizes(batches)}) on {jobs} processes",
+          flush=True)
+
+    def report(call: FactoryCall, outcome: float | Exception, done: int, elapsed: float) -> None:
+        if isinstance(outcome, Exception):
+            raise PrewarmError(f"compiling {call.label()} failed: {type(outcome).__name__}: {outcome}") from outcome
+        print(f"[prewarm] {call.label()}: {outcome:.1f} s ({done}/{len(work)}, {elapsed:.0f} s elapsed)", flush=True)
+
+    return {call.label(): seconds for call, seconds in compile_in_processes(work, jobs, report).items()}
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
